@@ -1,0 +1,36 @@
+"""Settings, read from `CREDGATE_*` environment variables; built only by the CLI or the app factory."""
+
+from pathlib import Path
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DATABASE_FILE_NAME = "credgate.db"
+MASTER_KEY_FILE_NAME = "master.key"
+
+
+class Settings(BaseSettings):
+    """Every setting of the gateway (contract section 1)."""
+
+    model_config = SettingsConfigDict(env_prefix="CREDGATE_", extra="ignore")
+
+    data_dir: Path = Path("./credgate-data")
+    database_url: str | None = None
+    master_key: SecretStr | None = None
+    host: str = "127.0.0.1"
+    port: int = Field(default=8080, ge=0, le=65535)
+    allow_private_upstreams: bool = False
+    max_request_bytes: int = Field(default=32 * 1024 * 1024, ge=1)
+    # How often an instance looks for changes made by other instances or the CLI (contract section 6).
+    change_poll_seconds: float = Field(default=0.5, gt=0, le=1)
+    log_level: str = "info"
+
+    @property
+    def resolved_database_url(self) -> str:
+        if self.database_url:
+            return self.database_url
+        return f"sqlite+aiosqlite:///{self.data_dir / DATABASE_FILE_NAME}"
+
+    @property
+    def master_key_file(self) -> Path:
+        return self.data_dir / MASTER_KEY_FILE_NAME

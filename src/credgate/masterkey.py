@@ -1,0 +1,67 @@
+"""Where the master keys come from: `CREDGATE_MASTER_KEY` or the key file in the data dir.
+
+Either holds one or more base64url keys, newest first (comma- or line-separated); the first seals, all open.
+The file is created on first start with mode 0600 and rewritten atomically by `credgate master-key rotate`.
+"""
+
+import os
+from pathlib import Path
+
+from credgate.config import Settings
+from credgate.crypto import (
+    KeyRing,
+    MasterKeyFormatError,
+    decode_master_key,
+    encode_master_key,
+    new_master_key,
+)
+from credgate.errors import StartupError
+
+
+def parse_master_keys(text: str, *, source: str) -> list[bytes]:
+    parts = [part for part in text.replace(",", "\n").split() if part]
+    if not parts:
+        raise StartupError(f"{source} holds no master key")
+    try:
+        return [decode_master_key(part) for part in parts]
+    except MasterKeyFormatError as error:
+        raise StartupError(f"{source}: {error}") from None
+
+
+def read_key_file(path: Path) -> list[bytes]:
+    try:
+        text = path.read_text()
+    except OSError as error:
+        raise StartupError(f"cannot read the master key file {path}: {error.strerror}") from None
+    return parse_master_keys(text, source=f"the master key file {path}")
+
+
+def write_key_file(path: Path, keys: list[bytes]) -> None:
+    """Write the key file atomically, readable by its owner only."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(path.name + ".tmp")
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w") as file:
+        file.write("".join(encode_master_key(key) + "\n" for key in keys))
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(temporary, path)
+
+
+def master_keys_from_env(settings: Settings) -> list[bytes] | None:
+    if settings.master_key is None:
+        return None
+    return parse_master_keys(settings.master_key.get_secret_value(), source="CREDGATE_MASTER_KEY")
+
+
+def load_keyring(settings: Settings, *, create: bool) -> KeyRing | None:
+    """The key ring of these settings; None when there is no key yet and `create` is false."""
+    env_keys = master_keys_from_env(settings)
+    if env_keys is not None:
+        return KeyRing(env_keys)
+    path = settings.master_key_file
+    if not path.exists():
+        if not create:
+            return None
+        write_key_file(path, [new_master_key()])
+    return KeyRing(read_key_file(path), reload=lambda: read_key_file(path))

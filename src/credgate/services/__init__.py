@@ -1,0 +1,1 @@
+"""The domain: plain async functions over a `Context`, one module per concept."""

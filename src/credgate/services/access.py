@@ -1,0 +1,110 @@
+"""Access: from a project token and a provider name to everything the proxy needs, served from memory.
+
+One indexed query on a miss; the answer is cached until any change (this instance's, at once; another
+instance's or the CLI's, within `change_poll_seconds`, by watching the change marker).
+"""
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from datetime import datetime
+
+from pydantic import TypeAdapter
+
+from credgate.crypto import Secret, hash_token
+from credgate.services.context import CHANGE_MARKER, Context
+from credgate.services.projects import PROJECT_TOKEN_PREFIX
+from credgate.services.provider_keys import open_provider_key
+from credgate.specs import AuthSpec, Endpoint
+from credgate.storage.models import Integration
+
+logger = logging.getLogger(__name__)
+_auth_adapter: TypeAdapter[AuthSpec] = TypeAdapter(AuthSpec)
+_endpoints_adapter = TypeAdapter(tuple[Endpoint, ...])
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedIntegration:
+    """An integration as the proxy uses it, with its credential opened (None once revoked)."""
+
+    provider: str
+    base_url: str
+    auth: AuthSpec
+    endpoints: tuple[Endpoint, ...]
+    headers: dict[str, str]
+    query: dict[str, str]
+    enabled: bool
+    timeout_seconds: float
+    credential: Secret | None
+
+
+@dataclass(frozen=True, slots=True)
+class Access:
+    """A valid project token's project, and its integration for the provider asked (None: not set up)."""
+
+    project_id: str
+    token_hash: str
+    token_expires_at: datetime | None
+    integration: ResolvedIntegration | None
+
+
+_UNKNOWN = object()  # cached answer for a token that names no project
+
+
+def _resolved(ctx: Context, integration: Integration) -> ResolvedIntegration:
+    return ResolvedIntegration(
+        provider=integration.provider,
+        base_url=integration.base_url,
+        auth=_auth_adapter.validate_python(integration.auth),
+        endpoints=_endpoints_adapter.validate_python(integration.endpoints),
+        headers=dict(integration.headers),
+        query=dict(integration.query),
+        enabled=integration.enabled,
+        timeout_seconds=integration.timeout_seconds,
+        credential=open_provider_key(ctx.keyring, integration),
+    )
+
+
+async def resolve_access(ctx: Context, *, token: str, provider: str) -> Access | None:
+    """The access this token grants to `provider`; None when the token is unknown, expired or revoked."""
+    if not token.startswith(PROJECT_TOKEN_PREFIX):
+        return None
+    token_hash = hash_token(token)
+    key = (token_hash, provider)
+    cache = ctx.access
+    cached = cache.entries.get(key)
+    if cached is None:
+        generation = cache.generation
+        async with ctx.database.transaction(write=False) as repo:
+            row = await repo.resolve(token_hash=token_hash, provider=provider)
+        if row.token is None:
+            cached = _UNKNOWN
+        else:
+            cached = Access(
+                project_id=row.token.project_id,
+                token_hash=token_hash,
+                token_expires_at=row.token.expires_at,
+                integration=None if row.integration is None else _resolved(ctx, row.integration),
+            )
+        cache.store(key, cached, generation=generation)
+    if not isinstance(cached, Access):
+        return None
+    if cached.token_expires_at is not None and cached.token_expires_at <= ctx.clock():
+        return None
+    return cached
+
+
+async def follow_changes(ctx: Context, *, interval: float) -> None:
+    """Clear the cache whenever another instance or the CLI changes configuration; runs until cancelled."""
+    seen: str | None = None
+    while True:
+        try:
+            async with ctx.database.transaction(write=False) as repo:
+                marker = await repo.get_meta(CHANGE_MARKER)
+            if marker != seen:
+                if seen is not None:
+                    ctx.access.invalidate()
+                seen = marker
+        except Exception:  # the next poll retries; the gateway keeps serving from what it knows
+            logger.warning("could not read the change marker; retrying", exc_info=True)
+        await asyncio.sleep(interval)

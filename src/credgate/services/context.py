@@ -1,0 +1,69 @@
+"""Context: what every service function needs, built once by `open_context` (the CLI or the app factory)."""
+
+import secrets
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from credgate.catalog import Template
+from credgate.crypto import KeyRing
+from credgate.storage import Database, Repository
+from credgate.storage.models import AuditEvent
+
+CHANGE_MARKER = "change_marker"
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{secrets.token_hex(8)}"
+
+
+class AccessCache:
+    """The proxy's resolved lookups in memory; any change clears it (contract section 6).
+
+    `generation` lets a lookup that raced with a change refuse to store what it read before the change.
+    """
+
+    def __init__(self, *, max_entries: int = 100_000) -> None:
+        self.generation = 0
+        self.entries: dict[tuple[str, str], object] = {}
+        self.max_entries = max_entries
+
+    def invalidate(self) -> None:
+        self.generation += 1
+        self.entries.clear()
+
+    def store(self, key: tuple[str, str], value: object, *, generation: int) -> None:
+        if generation != self.generation:
+            return
+        if len(self.entries) >= self.max_entries:
+            self.entries.clear()  # bounded: a flood of distinct lookups costs queries, never memory
+        self.entries[key] = value
+
+
+@dataclass
+class Context:
+    database: Database
+    keyring: KeyRing
+    templates: Mapping[str, Template]
+    access: AccessCache = field(default_factory=AccessCache)
+    clock: Callable[[], datetime] = utcnow
+
+    @asynccontextmanager
+    async def change(
+        self, *, actor: str, action: str, project_id: str | None = None, provider: str | None = None
+    ) -> AsyncIterator[Repository]:
+        """A transaction that changes configuration: audited, visible to every instance, cache cleared.
+
+        The audit event and the change marker commit with the change or not at all; this instance's cache is
+        cleared after the commit, so requests that start after the response see the change.
+        """
+        async with self.database.transaction() as repo:
+            yield repo
+            repo.add(AuditEvent(at=self.clock(), actor=actor, action=action, project_id=project_id, provider=provider))
+            await repo.set_meta(CHANGE_MARKER, secrets.token_hex(8))
+        self.access.invalidate()

@@ -1,0 +1,223 @@
+"""Integrations: a project's connection to one provider, from a template or custom, named by provider."""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from credgate.errors import Conflict, InvalidInput, NotFound
+from credgate.services.context import Context, new_id
+from credgate.services.projects import require_project
+from credgate.services.provider_keys import (
+    clean_api_key,
+    destroy_provider_key,
+    open_provider_key,
+    seal_provider_key,
+)
+from credgate.specs import AuthSpec, BearerAuth, Endpoint
+from credgate.storage import Repository
+from credgate.storage.models import Integration
+
+DEFAULT_TIMEOUT_SECONDS = 600.0
+MAX_ENDPOINTS = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class IntegrationChanges:
+    """A partial update; None leaves a field as it is."""
+
+    base_url: str | None = None
+    auth: AuthSpec | None = None
+    enabled: bool | None = None
+    headers: dict[str, str] | None = None
+    query: dict[str, str] | None = None
+    timeout_seconds: float | None = None
+
+
+async def require_integration(repo: Repository, project_id: str, provider: str) -> Integration:
+    await require_project(repo, project_id)
+    integration = await repo.get_integration(project_id, provider)
+    if integration is None:
+        raise NotFound(f"project {project_id} has no integration {provider}")
+    return integration
+
+
+def _merge_endpoints(current: Sequence[dict[str, str]], added: Sequence[Endpoint]) -> list[dict[str, str]]:
+    merged = list(current)
+    for endpoint in added:
+        entry = endpoint.model_dump()
+        if entry not in merged:
+            merged.append(entry)
+    if len(merged) > MAX_ENDPOINTS:
+        raise InvalidInput("endpoints", f"at most {MAX_ENDPOINTS} endpoints per integration")
+    return merged
+
+
+async def add_template_integration(
+    ctx: Context,
+    *,
+    project_id: str,
+    provider: str,
+    template_id: str,
+    actor: str,
+    api_key: str | None = None,
+    base_url: str | None = None,
+) -> tuple[Integration, bool]:
+    """Set a provider up from a template, or add a template's endpoints to one already set up.
+
+    Returns the integration and whether it was created. The key is asked only at the first setup.
+    """
+    template = ctx.templates.get(template_id)
+    if template is None:
+        raise InvalidInput("template", f"unknown template {template_id}")
+    async with ctx.change(actor=actor, action="integration.create", project_id=project_id, provider=provider) as repo:
+        await require_project(repo, project_id)
+        integration = await repo.get_integration(project_id, provider)
+        if integration is not None:
+            if api_key is not None:
+                raise Conflict(f"{provider} is set up already and keeps its key; change it with PUT …/key")
+            if base_url is not None and base_url != integration.base_url:
+                raise Conflict(f"{provider} is set up already; change its base_url with PATCH")
+            integration.endpoints = _merge_endpoints(integration.endpoints, template.endpoints)
+            if template.id not in integration.templates:
+                integration.templates = [*integration.templates, template.id]
+            integration.headers = template.headers | integration.headers
+            integration.query = template.query | integration.query
+            integration.updated_at = ctx.clock()
+            return integration, False
+        if api_key is None:
+            raise InvalidInput("api_key", f"required at the first setup of {provider}")
+        integration = _new_integration(
+            ctx,
+            project_id=project_id,
+            provider=provider,
+            base_url=base_url or template.base_url,
+            auth=template.auth,
+            templates=[template.id],
+            endpoints=_merge_endpoints([], template.endpoints),
+            headers=dict(template.headers),
+            query=dict(template.query),
+        )
+        seal_provider_key(ctx.keyring, integration, clean_api_key(api_key, auth_method=template.auth.method), now=ctx.clock())
+        repo.add(integration)
+    return integration, True
+
+
+async def add_custom_integration(
+    ctx: Context,
+    *,
+    project_id: str,
+    provider: str,
+    base_url: str,
+    api_key: str,
+    actor: str,
+    auth: AuthSpec | None = None,
+) -> Integration:
+    """Set a provider up by hand; it allows no endpoint until they are configured."""
+    auth = auth or BearerAuth()
+    async with ctx.change(actor=actor, action="integration.create", project_id=project_id, provider=provider) as repo:
+        await require_project(repo, project_id)
+        if await repo.get_integration(project_id, provider) is not None:
+            raise Conflict(f"project {project_id} has an integration {provider} already")
+        integration = _new_integration(
+            ctx, project_id=project_id, provider=provider, base_url=base_url, auth=auth, templates=[], endpoints=[],
+            headers={}, query={},
+        )
+        seal_provider_key(ctx.keyring, integration, clean_api_key(api_key, auth_method=auth.method), now=ctx.clock())
+        repo.add(integration)
+    return integration
+
+
+def _new_integration(
+    ctx: Context,
+    *,
+    project_id: str,
+    provider: str,
+    base_url: str,
+    auth: AuthSpec,
+    templates: list[str],
+    endpoints: list[dict[str, str]],
+    headers: dict[str, str],
+    query: dict[str, str],
+) -> Integration:
+    now = ctx.clock()
+    return Integration(
+        id=new_id("int"),
+        project_id=project_id,
+        provider=provider,
+        base_url=base_url,
+        auth=auth.model_dump(),
+        templates=templates,
+        endpoints=endpoints,
+        headers=headers,
+        query=query,
+        enabled=True,
+        timeout_seconds=DEFAULT_TIMEOUT_SECONDS,
+        created_at=now,
+        updated_at=now,
+    )
+
+
+async def list_integrations(ctx: Context, *, project_id: str) -> Sequence[Integration]:
+    async with ctx.database.transaction(write=False) as repo:
+        await require_project(repo, project_id)
+        return await repo.list_integrations(project_id)
+
+
+async def get_integration(ctx: Context, *, project_id: str, provider: str) -> Integration:
+    async with ctx.database.transaction(write=False) as repo:
+        return await require_integration(repo, project_id, provider)
+
+
+async def update_integration(
+    ctx: Context, *, project_id: str, provider: str, changes: IntegrationChanges, actor: str
+) -> Integration:
+    async with ctx.change(actor=actor, action="integration.update", project_id=project_id, provider=provider) as repo:
+        integration = await require_integration(repo, project_id, provider)
+        if changes.auth is not None:
+            if changes.auth.method == "basic":
+                current = open_provider_key(ctx.keyring, integration)
+                if current is not None and ":" not in current.reveal():
+                    raise InvalidInput("auth", "basic auth needs the stored key as user:password; set the key first")
+            integration.auth = changes.auth.model_dump()
+        for name in ("base_url", "enabled", "headers", "query", "timeout_seconds"):
+            value = getattr(changes, name)
+            if value is not None:
+                setattr(integration, name, value)
+        integration.updated_at = ctx.clock()
+    return integration
+
+
+async def delete_integration(ctx: Context, *, project_id: str, provider: str, actor: str) -> None:
+    async with ctx.change(actor=actor, action="integration.delete", project_id=project_id, provider=provider) as repo:
+        await repo.delete(await require_integration(repo, project_id, provider))
+
+
+async def set_endpoints(
+    ctx: Context, *, project_id: str, provider: str, endpoints: Sequence[Endpoint], actor: str
+) -> Integration:
+    """Replace the integration's allow-list of endpoints."""
+    action = "integration.endpoints_set"
+    async with ctx.change(actor=actor, action=action, project_id=project_id, provider=provider) as repo:
+        integration = await require_integration(repo, project_id, provider)
+        integration.endpoints = _merge_endpoints([], endpoints)
+        integration.updated_at = ctx.clock()
+    return integration
+
+
+async def set_provider_key(ctx: Context, *, project_id: str, provider: str, api_key: str, actor: str) -> Integration:
+    """Edit or rotate the key; requests that start after this returns use the new one."""
+    async with ctx.change(actor=actor, action="provider_key.set", project_id=project_id, provider=provider) as repo:
+        integration = await require_integration(repo, project_id, provider)
+        cleaned = clean_api_key(api_key, auth_method=integration.auth["method"])
+        seal_provider_key(ctx.keyring, integration, cleaned, now=ctx.clock())
+        integration.updated_at = ctx.clock()
+    return integration
+
+
+async def revoke_provider_key(ctx: Context, *, project_id: str, provider: str, actor: str) -> Integration:
+    """Revoke the key: its ciphertext is destroyed, and requests that start after this get 403."""
+    action = "provider_key.revoke"
+    async with ctx.change(actor=actor, action=action, project_id=project_id, provider=provider) as repo:
+        integration = await require_integration(repo, project_id, provider)
+        destroy_provider_key(integration, now=ctx.clock())
+        integration.updated_at = ctx.clock()
+    return integration

@@ -1,0 +1,81 @@
+"""Master keys: verify the configured key against the database, and rotate it while the gateway serves."""
+
+import base64
+
+from credgate.config import Settings
+from credgate.crypto import DecryptionError, KeyRing, new_master_key
+from credgate.errors import StartupError
+from credgate.masterkey import master_keys_from_env, read_key_file, write_key_file
+from credgate.services.context import Context
+from credgate.services.provider_keys import reseal
+from credgate.storage import Repository
+from credgate.storage.models import AuditEvent
+
+KEY_CHECK = "master_key_check"
+_KEY_CHECK_PLAINTEXT = b"credgate master key check"
+_KEY_CHECK_BINDING = b"credgate/v1\x00master-key-check"
+_BATCH = 100
+
+
+def seal_key_check(keyring: KeyRing) -> str:
+    return base64.b64encode(keyring.seal(_KEY_CHECK_PLAINTEXT, aad=_KEY_CHECK_BINDING)).decode()
+
+
+def verify_key_check(keyring: KeyRing, check: str) -> None:
+    """Raise StartupError unless the key ring opens what this database was sealed with."""
+    try:
+        keyring.open(base64.b64decode(check), aad=_KEY_CHECK_BINDING)
+    except DecryptionError as error:
+        raise StartupError(
+            f"the master key does not match this database ({error}). Set CREDGATE_MASTER_KEY, or the key file "
+            "in the data dir, to the key the database was created with. Nothing was changed."
+        ) from None
+
+
+async def reseal_all(ctx: Context, *, actor: str) -> int:
+    """Re-encrypt every secret not under the key ring's primary key; returns how many were resealed.
+
+    Batches commit one by one, so the gateway keeps serving; a row changed meanwhile is left as it is,
+    since the change sealed it under the newest key already.
+    """
+    resealed = 0
+    while True:
+        ctx.keyring.refresh()
+        primary = ctx.keyring.primary_key_id
+        async with ctx.database.transaction() as repo:
+            keys = await repo.provider_keys_not_under(primary, limit=_BATCH)
+            for key in keys:
+                assert key.ciphertext is not None
+                ciphertext = reseal(ctx.keyring, key.integration, key.ciphertext)
+                if await repo.reseal_provider_key(key, ciphertext=ciphertext, master_key_id=primary, expected=key.ciphertext):
+                    resealed += 1
+        if len(keys) < _BATCH:
+            break
+    async with ctx.database.transaction() as repo:
+        await repo.set_meta(KEY_CHECK, seal_key_check(ctx.keyring))
+        repo.add(AuditEvent(at=ctx.clock(), actor=actor, action="master_key.rotate"))
+    return resealed
+
+
+async def rotate_master_key(ctx: Context, settings: Settings, *, actor: str) -> int:
+    """Rotate the master key; returns how many secrets were resealed.
+
+    With the key file, a new key is generated and put first, everything is resealed, then the old key is
+    dropped. With CREDGATE_MASTER_KEY, the operator puts the new key first in the variable (old ones after)
+    and this reseals everything under it; the old keys can then be removed from the variable.
+    """
+    if master_keys_from_env(settings) is not None:
+        return await reseal_all(ctx, actor=actor)
+    path = settings.master_key_file
+    old_keys = read_key_file(path)
+    new_key = new_master_key()
+    write_key_file(path, [new_key, *old_keys])
+    resealed = await reseal_all(ctx, actor=actor)
+    write_key_file(path, [new_key])
+    ctx.keyring.refresh()
+    return resealed
+
+
+async def ensure_key_check(repo: Repository, keyring: KeyRing) -> None:
+    if await repo.get_meta(KEY_CHECK) is None:
+        await repo.set_meta(KEY_CHECK, seal_key_check(keyring))

@@ -1,0 +1,99 @@
+"""Projects: the unit of isolation; each owns a project token and its integrations."""
+
+from collections.abc import Sequence
+from datetime import timedelta
+
+from credgate.crypto import generate_token, hash_token
+from credgate.errors import NotFound
+from credgate.services.context import Context, new_id
+from credgate.storage import Repository
+from credgate.storage.models import Project, ProjectToken
+
+PROJECT_TOKEN_PREFIX = "cgp_"
+_DISPLAYED_TOKEN_CHARS = 8  # the prefix plus four random characters: enough to tell tokens apart
+
+
+async def require_project(repo: Repository, project_id: str) -> Project:
+    project = await repo.get_project(project_id)
+    if project is None:
+        raise NotFound(f"project {project_id} not found")
+    return project
+
+
+def _issue_token(ctx: Context, project: Project, *, expires_in_seconds: int | None) -> str:
+    secret = generate_token(PROJECT_TOKEN_PREFIX)
+    now = ctx.clock()
+    project.tokens.append(
+        ProjectToken(
+            id=new_id("tok"),
+            token_hash=hash_token(secret),
+            prefix=secret[:_DISPLAYED_TOKEN_CHARS],
+            created_at=now,
+            expires_at=None if expires_in_seconds is None else now + timedelta(seconds=expires_in_seconds),
+        )
+    )
+    return secret
+
+
+def current_token(project: Project) -> ProjectToken | None:
+    """The project's newest token, which the API shows (older ones may still be in their grace period)."""
+    return max(project.tokens, key=lambda token: token.created_at, default=None)
+
+
+async def create_project(ctx: Context, *, name: str, actor: str) -> tuple[Project, str]:
+    """Create a project and its first token; the token's value is returned only here."""
+    now = ctx.clock()
+    project = Project(id=new_id("prj"), name=name, created_at=now, updated_at=now, tokens=[], integrations=[])
+    async with ctx.change(actor=actor, action="project.create", project_id=project.id) as repo:
+        secret = _issue_token(ctx, project, expires_in_seconds=None)
+        repo.add(project)
+    return project, secret
+
+
+async def list_projects(ctx: Context) -> Sequence[Project]:
+    async with ctx.database.transaction(write=False) as repo:
+        return await repo.list_projects()
+
+
+async def get_project(ctx: Context, *, project_id: str) -> Project:
+    async with ctx.database.transaction(write=False) as repo:
+        return await require_project(repo, project_id)
+
+
+async def rename_project(ctx: Context, *, project_id: str, name: str, actor: str) -> Project:
+    async with ctx.change(actor=actor, action="project.update", project_id=project_id) as repo:
+        project = await require_project(repo, project_id)
+        project.name = name
+        project.updated_at = ctx.clock()
+    return project
+
+
+async def delete_project(ctx: Context, *, project_id: str, actor: str) -> None:
+    """Delete a project: its tokens stop working and its secrets are destroyed at once."""
+    async with ctx.change(actor=actor, action="project.delete", project_id=project_id) as repo:
+        await repo.delete(await require_project(repo, project_id))
+
+
+async def rotate_project_token(
+    ctx: Context, *, project_id: str, actor: str, grace_seconds: int = 0, expires_in_seconds: int | None = None
+) -> tuple[Project, str]:
+    """Issue a new token; earlier ones keep working for `grace_seconds` at most, then stop."""
+    async with ctx.change(actor=actor, action="project_token.rotate", project_id=project_id) as repo:
+        project = await require_project(repo, project_id)
+        now = ctx.clock()
+        if grace_seconds == 0:
+            await repo.delete_project_tokens(project_id)
+        else:
+            await repo.delete_project_tokens(project_id, expired_before=now)
+            await repo.cap_project_token_expiry(project_id, expires_at=now + timedelta(seconds=grace_seconds))
+        await repo.refresh(project, ["tokens"])
+        secret = _issue_token(ctx, project, expires_in_seconds=expires_in_seconds)
+        project.updated_at = now
+    return project, secret
+
+
+async def revoke_project_tokens(ctx: Context, *, project_id: str, actor: str) -> None:
+    """Revoke every token of the project; none works until the next rotation."""
+    async with ctx.change(actor=actor, action="project_token.revoke", project_id=project_id) as repo:
+        await require_project(repo, project_id)
+        await repo.delete_project_tokens(project_id)

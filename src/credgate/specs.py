@@ -1,0 +1,147 @@
+"""What an integration is made of, validated: provider names, auth methods, endpoints, headers, base URLs.
+
+Pure definitions shared by the catalogue, the services, the admin API and the proxy. Validation messages
+name the problem, never echo the value (a misplaced key must not come back in an error).
+"""
+
+import re
+from typing import Annotated, Literal
+from urllib.parse import urlsplit
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+PROVIDER_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
+METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
+_TOKEN_CHARS = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # RFC 9110 token: a header name
+# Headers a configuration may not set: the transport owns them (RFC 9110 section 7.6.1 and framing).
+RESERVED_HEADERS = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+    }
+)
+
+
+def check_provider_name(name: str) -> str:
+    if not PROVIDER_NAME.fullmatch(name):
+        raise ValueError("must be lowercase letters, digits, '-' or '_', starting with a letter or digit, at most 63")
+    return name
+
+
+def check_header_name(name: str) -> str:
+    if not _TOKEN_CHARS.fullmatch(name):
+        raise ValueError("is not a valid HTTP header name")
+    return name
+
+
+def _check_header_value(value: str) -> str:
+    if any(char in value for char in "\r\n\x00"):
+        raise ValueError("a header value may not hold line breaks or NUL")
+    return value
+
+
+def _check_headers(headers: dict[str, str]) -> dict[str, str]:
+    for name, value in headers.items():
+        check_header_name(name)
+        if name.lower() in RESERVED_HEADERS:
+            raise ValueError(f"header {name} is set by the transport and cannot be configured")
+        _check_header_value(value)
+    return headers
+
+
+def check_base_url(url: str) -> str:
+    """An absolute http(s) URL without credentials, query or fragment; returned without a trailing slash."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        raise ValueError("is not a valid URL") from None
+    if parts.scheme not in ("http", "https"):
+        raise ValueError("must start with http:// or https://")
+    if not parts.hostname:
+        raise ValueError("must name a host")
+    if parts.username is not None or parts.password is not None:
+        raise ValueError("may not hold credentials; set the API key instead")
+    if parts.query or parts.fragment or url.endswith(("?", "#")):
+        raise ValueError("may not hold a query or fragment; use the integration's query parameters")
+    if port == 0:
+        raise ValueError("port 0 is not a valid port")
+    if any(char.isspace() for char in url):
+        raise ValueError("may not contain white space")
+    return url.rstrip("/")
+
+
+def _check_endpoint_path(path: str) -> str:
+    path = path.strip("/")
+    if not path:
+        raise ValueError("must name at least one segment")
+    segments = path.split("/")
+    for index, segment in enumerate(segments):
+        if not segment:
+            raise ValueError("may not hold empty segments")
+        if segment in (".", ".."):
+            raise ValueError("may not hold '.' or '..' segments")
+        if segment == "**" and index != len(segments) - 1:
+            raise ValueError("'**' may only be the last segment")
+        if "*" in segment and segment not in ("*", "**"):
+            raise ValueError("a wildcard must be a whole segment: '*' or '**'")
+        if any(char in segment for char in "?#\\") or any(char.isspace() for char in segment):
+            raise ValueError("may not hold '?', '#', '\\' or white space")
+    return "/".join(segments)
+
+
+ProviderName = Annotated[str, AfterValidator(check_provider_name)]
+HeaderName = Annotated[str, Field(min_length=1, max_length=200), AfterValidator(check_header_name)]
+HeaderMap = Annotated[dict[str, str], AfterValidator(_check_headers)]
+QueryMap = Annotated[dict[Annotated[str, Field(min_length=1, max_length=200)], str], Field(max_length=64)]
+BaseUrl = Annotated[str, Field(max_length=2048), AfterValidator(check_base_url)]
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Endpoint(_Spec):
+    """An allowed upstream call: a method (or `*`) and a path pattern (`*` one segment, `**` the rest)."""
+
+    method: Literal["GET", "POST", "PUT", "PATCH", "DELETE", "*"]
+    path: Annotated[str, Field(max_length=1024), AfterValidator(_check_endpoint_path)]
+
+
+class BearerAuth(_Spec):
+    """`Authorization: Bearer <key>`."""
+
+    method: Literal["bearer"] = "bearer"
+
+
+class HeaderAuth(_Spec):
+    """The key in a header of its own, after an optional prefix (`x-api-key: <key>`, `Authorization: Token <key>`)."""
+
+    method: Literal["header"]
+    name: HeaderName
+    prefix: Annotated[str, Field(max_length=64), AfterValidator(_check_header_value)] = ""
+
+
+class QueryAuth(_Spec):
+    """The key as a query parameter."""
+
+    method: Literal["query"]
+    name: Annotated[str, Field(min_length=1, max_length=200)]
+
+
+class BasicAuth(_Spec):
+    """HTTP Basic; the key is `user:password`."""
+
+    method: Literal["basic"]
+
+
+AuthSpec = Annotated[BearerAuth | HeaderAuth | QueryAuth | BasicAuth, Field(discriminator="method")]

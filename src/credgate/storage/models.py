@@ -1,0 +1,134 @@
+"""The ORM models. A row is never an API schema: secrets live only as ciphertext in `ProviderKey`."""
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import JSON, DateTime, ForeignKey, Index, LargeBinary, String, TypeDecorator, UniqueConstraint
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Timezone-aware UTC on every backend (SQLite keeps no zone, so it is restored on read)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetimes are not stored")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {datetime: UTCDateTime, dict[str, Any]: JSON, list[Any]: JSON}
+
+
+class Meta(Base):
+    """Named values of the installation: the master-key check and the change marker."""
+
+    __tablename__ = "meta"
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[str] = mapped_column(String(512))
+
+
+class Project(Base):
+    __tablename__ = "projects"
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    rate_limit_per_minute: Mapped[int | None]
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+
+    tokens: Mapped[list["ProjectToken"]] = relationship(
+        back_populates="project", cascade="all, delete-orphan", passive_deletes=True
+    )
+    integrations: Mapped[list["Integration"]] = relationship(
+        back_populates="project", cascade="all, delete-orphan", passive_deletes=True
+    )
+
+
+class ProjectToken(Base):
+    __tablename__ = "project_tokens"
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    project_id: Mapped[str] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"), index=True)
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    prefix: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[datetime]
+    expires_at: Mapped[datetime | None]
+    last_used_at: Mapped[datetime | None]
+
+    project: Mapped[Project] = relationship(back_populates="tokens")
+
+
+class AdminToken(Base):
+    __tablename__ = "admin_tokens"
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    prefix: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[datetime]
+    last_used_at: Mapped[datetime | None]
+
+
+class AdminUser(Base):
+    __tablename__ = "admin_users"
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    username: Mapped[str] = mapped_column(String(200), unique=True)
+    password_hash: Mapped[str] = mapped_column(String(512))
+    created_at: Mapped[datetime]
+
+
+class Integration(Base):
+    __tablename__ = "integrations"
+    __table_args__ = (UniqueConstraint("project_id", "provider"),)
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    project_id: Mapped[str] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"))
+    provider: Mapped[str] = mapped_column(String(63))
+    base_url: Mapped[str] = mapped_column(String(2048))
+    auth: Mapped[dict[str, Any]]
+    templates: Mapped[list[Any]]
+    endpoints: Mapped[list[Any]]
+    headers: Mapped[dict[str, Any]]
+    query: Mapped[dict[str, Any]]
+    enabled: Mapped[bool]
+    timeout_seconds: Mapped[float]
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+
+    project: Mapped[Project] = relationship(back_populates="integrations")
+    key: Mapped["ProviderKey | None"] = relationship(
+        back_populates="integration", cascade="all, delete-orphan", passive_deletes=True, lazy="joined"
+    )
+
+
+class ProviderKey(Base):
+    """The encrypted provider credential of an integration; `ciphertext` is None once revoked."""
+
+    __tablename__ = "provider_keys"
+    integration_id: Mapped[str] = mapped_column(ForeignKey("integrations.id", ondelete="CASCADE"), primary_key=True)
+    ciphertext: Mapped[bytes | None] = mapped_column(LargeBinary)
+    master_key_id: Mapped[str | None] = mapped_column(String(16), index=True)
+    hint: Mapped[str | None] = mapped_column(String(8))
+    updated_at: Mapped[datetime]
+
+    integration: Mapped[Integration] = relationship(back_populates="key")
+
+
+class AuditEvent(Base):
+    __tablename__ = "audit_events"
+    __table_args__ = (Index("ix_audit_events_at", "at"),)
+    id: Mapped[int] = mapped_column(primary_key=True, autoincrement=True)
+    at: Mapped[datetime]
+    actor: Mapped[str] = mapped_column(String(200))
+    action: Mapped[str] = mapped_column(String(64))
+    project_id: Mapped[str | None] = mapped_column(String(32))
+    provider: Mapped[str | None] = mapped_column(String(63))

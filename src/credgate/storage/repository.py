@@ -1,0 +1,151 @@
+"""Repository: the queries of the domain, on one session inside one transaction."""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import delete, select, update
+from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import selectinload
+
+from credgate.storage.models import (
+    AdminToken,
+    AdminUser,
+    AuditEvent,
+    Base,
+    Integration,
+    Meta,
+    Project,
+    ProjectToken,
+    ProviderKey,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedRow:
+    """What the proxy lookup found for a token hash and a provider name."""
+
+    token: ProjectToken | None
+    integration: Integration | None
+
+
+class Repository:
+    """Typed queries over one session; the services never build SQL themselves."""
+
+    def __init__(self, session: AsyncSession) -> None:
+        self._session = session
+
+    def add(self, row: Base) -> None:
+        self._session.add(row)
+
+    async def flush(self) -> None:
+        await self._session.flush()
+
+    async def delete(self, row: Base) -> None:
+        await self._session.delete(row)
+
+    async def refresh(self, row: Base, attributes: Sequence[str] | None = None) -> None:
+        await self._session.refresh(row, attributes)
+
+    # meta
+
+    async def get_meta(self, name: str) -> str | None:
+        row = await self._session.get(Meta, name)
+        return row.value if row else None
+
+    async def set_meta(self, name: str, value: str) -> None:
+        await self._session.merge(Meta(name=name, value=value))
+
+    # projects and their tokens
+
+    async def get_project(self, project_id: str) -> Project | None:
+        statement = select(Project).where(Project.id == project_id).options(selectinload(Project.tokens))
+        return (await self._session.scalars(statement)).one_or_none()
+
+    async def list_projects(self) -> Sequence[Project]:
+        statement = select(Project).options(selectinload(Project.tokens)).order_by(Project.created_at, Project.id)
+        return (await self._session.scalars(statement)).all()
+
+    async def delete_project_tokens(self, project_id: str, *, expired_before: datetime | None = None) -> None:
+        statement = delete(ProjectToken).where(ProjectToken.project_id == project_id)
+        if expired_before is not None:
+            statement = statement.where(ProjectToken.expires_at <= expired_before)
+        await self._session.execute(statement)
+
+    async def cap_project_token_expiry(self, project_id: str, *, expires_at: datetime) -> None:
+        await self._session.execute(
+            update(ProjectToken)
+            .where(ProjectToken.project_id == project_id)
+            .where((ProjectToken.expires_at.is_(None)) | (ProjectToken.expires_at > expires_at))
+            .values(expires_at=expires_at)
+        )
+
+    async def touch_project_tokens(self, token_hashes: Sequence[str], *, at: datetime) -> None:
+        await self._session.execute(
+            update(ProjectToken).where(ProjectToken.token_hash.in_(token_hashes)).values(last_used_at=at)
+        )
+
+    async def resolve(self, *, token_hash: str, provider: str) -> ResolvedRow:
+        """The token and the integration it may use, in one indexed query (the proxy's lookup)."""
+        statement = (
+            select(ProjectToken, Integration)
+            .outerjoin(
+                Integration,
+                (Integration.project_id == ProjectToken.project_id) & (Integration.provider == provider),
+            )
+            .where(ProjectToken.token_hash == token_hash)
+        )
+        row = (await self._session.execute(statement)).unique().one_or_none()
+        if row is None:
+            return ResolvedRow(token=None, integration=None)
+        return ResolvedRow(token=row[0], integration=row[1])
+
+    # admin tokens and users
+
+    async def find_admin_token(self, token_hash: str) -> AdminToken | None:
+        return (await self._session.scalars(select(AdminToken).where(AdminToken.token_hash == token_hash))).first()
+
+    async def find_admin_user(self, username: str) -> AdminUser | None:
+        return (await self._session.scalars(select(AdminUser).where(AdminUser.username == username))).first()
+
+    async def count_admin_users(self) -> int:
+        return len((await self._session.scalars(select(AdminUser.id))).all())
+
+    # integrations and keys
+
+    async def get_integration(self, project_id: str, provider: str) -> Integration | None:
+        statement = select(Integration).where(Integration.project_id == project_id, Integration.provider == provider)
+        return (await self._session.scalars(statement)).unique().one_or_none()
+
+    async def list_integrations(self, project_id: str) -> Sequence[Integration]:
+        statement = select(Integration).where(Integration.project_id == project_id).order_by(Integration.provider)
+        return (await self._session.scalars(statement)).unique().all()
+
+    async def provider_keys_not_under(self, master_key_id: str, *, limit: int) -> Sequence[ProviderKey]:
+        statement = (
+            select(ProviderKey)
+            .options(selectinload(ProviderKey.integration))
+            .where(ProviderKey.ciphertext.is_not(None), ProviderKey.master_key_id != master_key_id)
+            .limit(limit)
+        )
+        return (await self._session.scalars(statement)).all()
+
+    async def reseal_provider_key(
+        self, key: ProviderKey, *, ciphertext: bytes, master_key_id: str, expected: bytes
+    ) -> bool:
+        """Replace a ciphertext only if nobody changed it meanwhile; True when it was replaced."""
+        result = await self._session.execute(
+            update(ProviderKey)
+            .where(ProviderKey.integration_id == key.integration_id, ProviderKey.ciphertext == expected)
+            .values(ciphertext=ciphertext, master_key_id=master_key_id)
+            .execution_options(synchronize_session=False)
+        )
+        return bool(getattr(result, "rowcount", 0))
+
+    # audit
+
+    async def list_audit_events(self, *, limit: int, project_id: str | None = None) -> Sequence[AuditEvent]:
+        statement = select(AuditEvent).order_by(AuditEvent.at.desc(), AuditEvent.id.desc()).limit(limit)
+        if project_id is not None:
+            statement = statement.where(AuditEvent.project_id == project_id)
+        return (await self._session.scalars(statement)).all()
