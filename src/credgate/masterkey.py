@@ -38,7 +38,7 @@ def read_key_file(path: Path) -> list[bytes]:
 
 def write_key_file(path: Path, keys: list[bytes]) -> None:
     """Write the key file atomically, readable by its owner only."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     temporary = path.with_name(path.name + ".tmp")
     descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(descriptor, "w") as file:
@@ -54,14 +54,21 @@ def master_keys_from_env(settings: Settings) -> list[bytes] | None:
     return parse_master_keys(settings.master_key.get_secret_value(), source="CREDGATE_MASTER_KEY")
 
 
-def load_keyring(settings: Settings, *, create: bool) -> KeyRing | None:
-    """The key ring of these settings; None when there is no key yet and `create` is false."""
+def load_keyring(settings: Settings) -> KeyRing | None:
+    """The key ring of these settings; None when no key is configured or generated yet."""
     env_keys = master_keys_from_env(settings)
     if env_keys is not None:
         return KeyRing(env_keys)
     path = settings.master_key_file
     if not path.exists():
-        if not create:
-            return None
-        write_key_file(path, [new_master_key()])
+        return None
     return KeyRing(read_key_file(path), reload=lambda: read_key_file(path))
+
+
+def create_keyring(settings: Settings) -> KeyRing:
+    """A key ring with a newly generated key in the key file (first start)."""
+    write_key_file(settings.master_key_file, [new_master_key()])
+    keyring = load_keyring(settings)
+    if keyring is None:
+        raise StartupError(f"could not create the master key file {settings.master_key_file}")
+    return keyring

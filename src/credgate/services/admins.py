@@ -9,7 +9,7 @@ from credgate.errors import Conflict, InvalidInput, Unauthorized
 from credgate.services.context import Context, new_id
 from credgate.storage.models import AdminToken, AdminUser
 
-ADMIN_TOKEN_PREFIX = "cga_"
+ADMIN_TOKEN_PREFIX = "cga_"  # noqa: S105 - a public prefix, not a secret
 _LAST_USED_RESOLUTION = timedelta(minutes=1)  # coarse, so reads do not turn into a write each time
 _password_hasher = PasswordHasher()
 

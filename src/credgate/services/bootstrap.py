@@ -6,7 +6,7 @@ from typing import Any
 from credgate.catalog import builtin_templates
 from credgate.config import Settings
 from credgate.errors import StartupError
-from credgate.masterkey import load_keyring
+from credgate.masterkey import create_keyring, load_keyring
 from credgate.services.context import Context
 from credgate.services.master_keys import KEY_CHECK, ensure_key_check, verify_key_check
 from credgate.storage import Database, StorageUnavailable
@@ -26,7 +26,7 @@ async def open_context(settings: Settings, *, connect_args: Mapping[str, Any] | 
 
 
 async def _open(settings: Settings, database: Database) -> Context:
-    keyring = load_keyring(settings, create=False)
+    keyring = load_keyring(settings)
     try:
         check = None
         if await database.has_schema():
@@ -40,8 +40,7 @@ async def _open(settings: Settings, database: Database) -> Context:
                 )
             verify_key_check(keyring, check)
         if keyring is None:
-            keyring = load_keyring(settings, create=True)
-            assert keyring is not None
+            keyring = create_keyring(settings)
         await database.upgrade()
         async with database.transaction() as repo:
             await ensure_key_check(repo, keyring)

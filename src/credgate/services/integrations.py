@@ -96,7 +96,9 @@ async def add_template_integration(
             headers=dict(template.headers),
             query=dict(template.query),
         )
-        seal_provider_key(ctx.keyring, integration, clean_api_key(api_key, auth_method=template.auth.method), now=ctx.clock())
+        seal_provider_key(
+            ctx.keyring, integration, clean_api_key(api_key, auth_method=template.auth.method), now=ctx.clock()
+        )
         repo.add(integration)
     return integration, True
 
@@ -118,8 +120,15 @@ async def add_custom_integration(
         if await repo.get_integration(project_id, provider) is not None:
             raise Conflict(f"project {project_id} has an integration {provider} already")
         integration = _new_integration(
-            ctx, project_id=project_id, provider=provider, base_url=base_url, auth=auth, templates=[], endpoints=[],
-            headers={}, query={},
+            ctx,
+            project_id=project_id,
+            provider=provider,
+            base_url=base_url,
+            auth=auth,
+            templates=[],
+            endpoints=[],
+            headers={},
+            query={},
         )
         seal_provider_key(ctx.keyring, integration, clean_api_key(api_key, auth_method=auth.method), now=ctx.clock())
         repo.add(integration)
@@ -154,6 +163,40 @@ def _new_integration(
         created_at=now,
         updated_at=now,
     )
+
+
+async def add_integration(
+    ctx: Context,
+    *,
+    project_id: str,
+    provider: str,
+    actor: str,
+    template_id: str | None = None,
+    api_key: str | None = None,
+    base_url: str | None = None,
+    auth: AuthSpec | None = None,
+) -> tuple[Integration, bool]:
+    """From a template when `template_id` is given, else custom; returns the integration and whether it is new."""
+    if template_id is not None:
+        if auth is not None:
+            raise InvalidInput("auth", "a template sets the auth method; change it later with PATCH")
+        return await add_template_integration(
+            ctx,
+            project_id=project_id,
+            provider=provider,
+            template_id=template_id,
+            api_key=api_key,
+            base_url=base_url,
+            actor=actor,
+        )
+    if base_url is None:
+        raise InvalidInput("base_url", "required for a custom integration (or name a template)")
+    if api_key is None:
+        raise InvalidInput("api_key", "required for a custom integration")
+    integration = await add_custom_integration(
+        ctx, project_id=project_id, provider=provider, base_url=base_url, api_key=api_key, auth=auth, actor=actor
+    )
+    return integration, True
 
 
 async def list_integrations(ctx: Context, *, project_id: str) -> Sequence[Integration]:

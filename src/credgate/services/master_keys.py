@@ -45,9 +45,12 @@ async def reseal_all(ctx: Context, *, actor: str) -> int:
         async with ctx.database.transaction() as repo:
             keys = await repo.provider_keys_not_under(primary, limit=_BATCH)
             for key in keys:
-                assert key.ciphertext is not None
+                if key.ciphertext is None:
+                    continue
                 ciphertext = reseal(ctx.keyring, key.integration, key.ciphertext)
-                if await repo.reseal_provider_key(key, ciphertext=ciphertext, master_key_id=primary, expected=key.ciphertext):
+                if await repo.reseal_provider_key(
+                    key, ciphertext=ciphertext, master_key_id=primary, expected=key.ciphertext
+                ):
                     resealed += 1
         if len(keys) < _BATCH:
             break

@@ -9,7 +9,7 @@ from credgate.services.context import Context, new_id
 from credgate.storage import Repository
 from credgate.storage.models import Project, ProjectToken
 
-PROJECT_TOKEN_PREFIX = "cgp_"
+PROJECT_TOKEN_PREFIX = "cgp_"  # noqa: S105 - a public prefix, not a secret
 _DISPLAYED_TOKEN_CHARS = 8  # the prefix plus four random characters: enough to tell tokens apart
 
 

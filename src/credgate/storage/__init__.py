@@ -3,4 +3,4 @@
 from credgate.storage.database import Database, StorageUnavailable
 from credgate.storage.repository import Repository, ResolvedRow
 
-__all__ = ["Database", "StorageUnavailable", "Repository", "ResolvedRow"]
+__all__ = ["Database", "Repository", "ResolvedRow", "StorageUnavailable"]

@@ -1,5 +1,6 @@
 """Database: the async engine, transactions and schema migrations (Alembic, applied at start)."""
 
+import os
 from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
@@ -30,8 +31,8 @@ class Database:
     def __init__(self, url: str, *, connect_args: Mapping[str, Any] | None = None) -> None:
         parsed = make_url(url)
         self.is_sqlite = parsed.get_backend_name() == "sqlite"
-        if self.is_sqlite and parsed.database:
-            Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+        if self.is_sqlite and parsed.database and parsed.database != ":memory:":
+            _create_private_file(Path(parsed.database))
         self.engine = create_async_engine(url, connect_args=dict(connect_args or {}), pool_pre_ping=not self.is_sqlite)
         if self.is_sqlite:
             _configure_sqlite(self.engine.sync_engine)
@@ -75,6 +76,14 @@ def _unavailable_on_failure() -> Iterator[None]:
         yield
     except (SQLAlchemyError, OSError) as error:
         raise StorageUnavailable(f"the database does not answer ({type(error).__name__})") from None
+
+
+def _create_private_file(path: Path) -> None:
+    # The database holds ciphertexts and token hashes: only its owner may read it (SQLite gives the -wal and
+    # -shm files the same mode).
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if not path.exists():
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
 
 
 def _upgrade(connection: Connection) -> None:

@@ -1,7 +1,7 @@
 """The ORM models. A row is never an API schema: secrets live only as ciphertext in `ProviderKey`."""
 
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, ClassVar
 
 from sqlalchemy import JSON, DateTime, ForeignKey, Index, LargeBinary, String, TypeDecorator, UniqueConstraint
 from sqlalchemy.engine import Dialect
@@ -29,7 +29,7 @@ class UTCDateTime(TypeDecorator[datetime]):
 
 
 class Base(DeclarativeBase):
-    type_annotation_map = {datetime: UTCDateTime, dict[str, Any]: JSON, list[Any]: JSON}
+    type_annotation_map: ClassVar[dict[Any, Any]] = {datetime: UTCDateTime, dict[str, Any]: JSON, list[Any]: JSON}
 
 
 class Meta(Base):

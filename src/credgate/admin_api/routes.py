@@ -1,0 +1,201 @@
+"""Admin API routes: each authenticates the admin, calls one service, and answers an `…Out` schema."""
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Query, Request, Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from credgate.admin_api.schemas import (
+    AuditEventOut,
+    EndpointsIn,
+    IntegrationIn,
+    IntegrationOut,
+    IntegrationPatchIn,
+    ItemsOut,
+    KeyIn,
+    ProjectIn,
+    ProjectOut,
+    ProjectPatchIn,
+    ProjectSecretOut,
+    TokenRotateIn,
+    actor_of,
+)
+from credgate.catalog import Template
+from credgate.errors import Unauthorized
+from credgate.services import admins, audit, integrations, projects
+from credgate.services.context import Context
+
+router = APIRouter(prefix="/api/v1")
+_bearer = HTTPBearer(auto_error=False)
+
+
+def get_context(request: Request) -> Context:
+    context: Context = request.app.state.context
+    return context
+
+
+ContextDep = Annotated[Context, Depends(get_context)]
+
+
+async def require_admin(
+    ctx: ContextDep, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+) -> str:
+    """The acting admin's name for the audit log; 401 unless a valid admin token is presented."""
+    try:
+        admin = await admins.authenticate_admin(ctx, token=credentials.credentials if credentials else None)
+    except Unauthorized as error:
+        error.headers["WWW-Authenticate"] = "Bearer"
+        raise
+    return actor_of(admin)
+
+
+Actor = Annotated[str, Depends(require_admin)]
+
+
+# projects
+
+
+@router.post("/projects", status_code=201)
+async def create_project(body: ProjectIn, ctx: ContextDep, actor: Actor) -> ProjectSecretOut:
+    project, secret = await projects.create_project(ctx, name=body.name, actor=actor)
+    return ProjectSecretOut(project=ProjectOut.of(project), secret=secret)
+
+
+@router.get("/projects")
+async def list_projects(ctx: ContextDep, _actor: Actor) -> ItemsOut[ProjectOut]:
+    return ItemsOut(items=[ProjectOut.of(project) for project in await projects.list_projects(ctx)])
+
+
+@router.get("/projects/{project_id}")
+async def get_project(project_id: str, ctx: ContextDep, _actor: Actor) -> ProjectOut:
+    return ProjectOut.of(await projects.get_project(ctx, project_id=project_id))
+
+
+@router.patch("/projects/{project_id}")
+async def update_project(project_id: str, body: ProjectPatchIn, ctx: ContextDep, actor: Actor) -> ProjectOut:
+    return ProjectOut.of(await projects.rename_project(ctx, project_id=project_id, name=body.name, actor=actor))
+
+
+@router.delete("/projects/{project_id}", status_code=204)
+async def delete_project(project_id: str, ctx: ContextDep, actor: Actor) -> Response:
+    await projects.delete_project(ctx, project_id=project_id, actor=actor)
+    return Response(status_code=204)
+
+
+@router.post("/projects/{project_id}/token/rotate")
+async def rotate_project_token(
+    project_id: str, ctx: ContextDep, actor: Actor, body: TokenRotateIn | None = None
+) -> ProjectSecretOut:
+    body = body or TokenRotateIn()
+    project, secret = await projects.rotate_project_token(
+        ctx,
+        project_id=project_id,
+        grace_seconds=body.grace_seconds,
+        expires_in_seconds=body.expires_in_seconds,
+        actor=actor,
+    )
+    return ProjectSecretOut(project=ProjectOut.of(project), secret=secret)
+
+
+@router.delete("/projects/{project_id}/token", status_code=204)
+async def revoke_project_token(project_id: str, ctx: ContextDep, actor: Actor) -> Response:
+    await projects.revoke_project_tokens(ctx, project_id=project_id, actor=actor)
+    return Response(status_code=204)
+
+
+# templates
+
+
+@router.get("/templates")
+async def list_templates(ctx: ContextDep, _actor: Actor) -> ItemsOut[Template]:
+    return ItemsOut(items=list(ctx.templates.values()))
+
+
+# integrations
+
+
+@router.post("/projects/{project_id}/integrations", status_code=201)
+async def create_integration(
+    project_id: str, body: IntegrationIn, ctx: ContextDep, actor: Actor, response: Response
+) -> IntegrationOut:
+    integration, created = await integrations.add_integration(
+        ctx,
+        project_id=project_id,
+        provider=body.provider,
+        template_id=body.template,
+        api_key=body.api_key.get_secret_value() if body.api_key is not None else None,
+        base_url=body.base_url,
+        auth=body.auth,
+        actor=actor,
+    )
+    if not created:
+        response.status_code = 200
+    return IntegrationOut.of(integration)
+
+
+@router.get("/projects/{project_id}/integrations")
+async def list_integrations(project_id: str, ctx: ContextDep, _actor: Actor) -> ItemsOut[IntegrationOut]:
+    found = await integrations.list_integrations(ctx, project_id=project_id)
+    return ItemsOut(items=[IntegrationOut.of(integration) for integration in found])
+
+
+@router.get("/projects/{project_id}/integrations/{provider}")
+async def get_integration(project_id: str, provider: str, ctx: ContextDep, _actor: Actor) -> IntegrationOut:
+    return IntegrationOut.of(await integrations.get_integration(ctx, project_id=project_id, provider=provider))
+
+
+@router.patch("/projects/{project_id}/integrations/{provider}")
+async def update_integration(
+    project_id: str, provider: str, body: IntegrationPatchIn, ctx: ContextDep, actor: Actor
+) -> IntegrationOut:
+    changes = integrations.IntegrationChanges(**{name: getattr(body, name) for name in body.model_fields_set})
+    integration = await integrations.update_integration(
+        ctx, project_id=project_id, provider=provider, changes=changes, actor=actor
+    )
+    return IntegrationOut.of(integration)
+
+
+@router.delete("/projects/{project_id}/integrations/{provider}", status_code=204)
+async def delete_integration(project_id: str, provider: str, ctx: ContextDep, actor: Actor) -> Response:
+    await integrations.delete_integration(ctx, project_id=project_id, provider=provider, actor=actor)
+    return Response(status_code=204)
+
+
+@router.put("/projects/{project_id}/integrations/{provider}/endpoints")
+async def set_endpoints(
+    project_id: str, provider: str, body: EndpointsIn, ctx: ContextDep, actor: Actor
+) -> IntegrationOut:
+    integration = await integrations.set_endpoints(
+        ctx, project_id=project_id, provider=provider, endpoints=body.endpoints, actor=actor
+    )
+    return IntegrationOut.of(integration)
+
+
+@router.put("/projects/{project_id}/integrations/{provider}/key")
+async def set_provider_key(
+    project_id: str, provider: str, body: KeyIn, ctx: ContextDep, actor: Actor
+) -> IntegrationOut:
+    integration = await integrations.set_provider_key(
+        ctx, project_id=project_id, provider=provider, api_key=body.api_key.get_secret_value(), actor=actor
+    )
+    return IntegrationOut.of(integration)
+
+
+@router.delete("/projects/{project_id}/integrations/{provider}/key")
+async def revoke_provider_key(project_id: str, provider: str, ctx: ContextDep, actor: Actor) -> IntegrationOut:
+    integration = await integrations.revoke_provider_key(ctx, project_id=project_id, provider=provider, actor=actor)
+    return IntegrationOut.of(integration)
+
+
+# records
+
+
+@router.get("/audit")
+async def list_audit_events(
+    ctx: ContextDep,
+    _actor: Actor,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    project_id: str | None = None,
+) -> ItemsOut[AuditEventOut]:
+    events = await audit.list_audit_events(ctx, limit=limit, project_id=project_id)
+    return ItemsOut(items=[AuditEventOut.of(event) for event in events])

@@ -1,0 +1,176 @@
+"""Admin API schemas: `…In` is what a caller sends, `…Out` what it gets. Built from rows field by field,
+so a secret can never be serialised by accident."""
+
+from datetime import datetime
+from typing import Annotated, Any, Generic, Literal, Self, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
+
+from credgate.services.projects import current_token
+from credgate.specs import AuthSpec, BaseUrl, Endpoint, HeaderMap, ProviderName, QueryMap
+from credgate.storage.models import AdminToken, AuditEvent, Integration, Project, ProjectToken
+
+Name = Annotated[str, Field(min_length=1, max_length=200)]
+ApiKey = Annotated[SecretStr, Field(min_length=1, max_length=8192)]
+MAX_GRACE_SECONDS = 30 * 24 * 3600
+T = TypeVar("T")
+
+
+class In(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ItemsOut(BaseModel, Generic[T]):
+    items: list[T]
+
+
+# projects
+
+
+class ProjectIn(In):
+    name: Name
+
+
+class ProjectPatchIn(In):
+    name: Name
+
+
+class TokenRotateIn(In):
+    grace_seconds: Annotated[int, Field(ge=0, le=MAX_GRACE_SECONDS)] = 0
+    expires_in_seconds: Annotated[int, Field(gt=0)] | None = None
+
+
+class TokenOut(BaseModel):
+    prefix: str
+    created_at: datetime
+    expires_at: datetime | None
+    last_used_at: datetime | None
+
+    @classmethod
+    def of(cls, token: ProjectToken) -> Self:
+        return cls(
+            prefix=token.prefix,
+            created_at=token.created_at,
+            expires_at=token.expires_at,
+            last_used_at=token.last_used_at,
+        )
+
+
+class ProjectOut(BaseModel):
+    id: str
+    name: str
+    created_at: datetime
+    token: TokenOut | None
+
+    @classmethod
+    def of(cls, project: Project) -> Self:
+        token = current_token(project)
+        return cls(
+            id=project.id,
+            name=project.name,
+            created_at=project.created_at,
+            token=None if token is None else TokenOut.of(token),
+        )
+
+
+class ProjectSecretOut(BaseModel):
+    """A project with its new token's value: the only response that ever shows it."""
+
+    project: ProjectOut
+    secret: str
+
+
+# integrations
+
+
+class IntegrationIn(In):
+    """Either a template (`template`, `api_key` at first setup, optional `base_url`) or a custom
+    integration (`base_url`, `api_key`, optional `auth`)."""
+
+    provider: ProviderName
+    template: Annotated[str, Field(min_length=1, max_length=100)] | None = None
+    api_key: ApiKey | None = None
+    base_url: BaseUrl | None = None
+    auth: AuthSpec | None = None
+
+
+class IntegrationPatchIn(In):
+    base_url: BaseUrl | None = None
+    auth: AuthSpec | None = None
+    enabled: bool | None = None
+    headers: HeaderMap | None = None
+    query: QueryMap | None = None
+    timeout_seconds: Annotated[float, Field(gt=0, le=3600)] | None = None
+
+
+class EndpointsIn(In):
+    endpoints: Annotated[list[Endpoint], Field(max_length=1000)]
+
+
+class KeyIn(In):
+    api_key: ApiKey
+
+
+class KeyOut(BaseModel):
+    status: Literal["active", "revoked"]
+    hint: str | None
+    updated_at: datetime | None
+
+
+class IntegrationOut(BaseModel):
+    provider: str
+    base_url: str
+    auth: dict[str, Any]
+    templates: list[str]
+    endpoints: list[Endpoint]
+    headers: dict[str, str]
+    query: dict[str, str]
+    enabled: bool
+    timeout_seconds: float
+    key: KeyOut
+    created_at: datetime
+    updated_at: datetime
+
+    @classmethod
+    def of(cls, integration: Integration) -> Self:
+        key = integration.key
+        active = key is not None and key.ciphertext is not None
+        return cls(
+            provider=integration.provider,
+            base_url=integration.base_url,
+            auth=dict(integration.auth),
+            templates=list(integration.templates),
+            endpoints=[Endpoint.model_validate(endpoint) for endpoint in integration.endpoints],
+            headers=dict(integration.headers),
+            query=dict(integration.query),
+            enabled=integration.enabled,
+            timeout_seconds=integration.timeout_seconds,
+            key=KeyOut(
+                status="active" if active else "revoked",
+                hint=key.hint if key is not None and active else None,
+                updated_at=key.updated_at if key is not None else None,
+            ),
+            created_at=integration.created_at,
+            updated_at=integration.updated_at,
+        )
+
+
+# records
+
+
+class AuditEventOut(BaseModel):
+    at: datetime
+    actor: str
+    action: str
+    project_id: str | None
+    provider: str | None
+
+    @classmethod
+    def of(cls, event: AuditEvent) -> Self:
+        return cls(
+            at=event.at, actor=event.actor, action=event.action, project_id=event.project_id, provider=event.provider
+        )
+
+
+def actor_of(admin: AdminToken) -> str:
+    return f"admin-token:{admin.name}"

@@ -1,0 +1,115 @@
+"""create_app(): the one place where the gateway is assembled: control app, proxy, lifespan, errors.
+
+`/proxy/…` goes to the data plane without passing through the control app's routing and middleware;
+everything else (admin API, panel, health) goes to the FastAPI control app.
+"""
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import FastAPI
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from credgate import __version__
+from credgate.admin_api import router as admin_api_router
+from credgate.config import Settings
+from credgate.error_responses import error_response, install_error_handlers
+from credgate.services.access import follow_changes
+from credgate.services.bootstrap import open_context
+from credgate.services.context import Context
+from credgate.storage import StorageUnavailable
+
+logger = logging.getLogger("credgate.access")
+REQUEST_ID_HEADER = b"x-request-id"
+_READY_TIMEOUT_SECONDS = 2.0
+
+
+class Gateway:
+    """The ASGI entry point: gives every HTTP request an id, logs it, and routes it to its plane."""
+
+    def __init__(self, control: FastAPI, proxy: ASGIApp | None = None) -> None:
+        self.control = control
+        self.proxy = proxy
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.control(scope, receive, send)
+            return
+        request_id = secrets.token_hex(8)
+        scope.setdefault("state", {})["request_id"] = request_id
+        started = time.perf_counter()
+        status = 0
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                message["headers"] = [*message.get("headers", ()), (REQUEST_ID_HEADER, request_id.encode())]
+            await send(message)
+
+        path: str = scope["path"]
+        app = self.proxy if self.proxy is not None and path.startswith("/proxy/") else self.control
+        try:
+            await app(scope, receive, send_with_id)
+        finally:
+            # The path only: a query string may carry values that are not ours to log.
+            logger.info(
+                "%s %s %d %.1fms %s",
+                scope["method"],
+                path,
+                status,
+                (time.perf_counter() - started) * 1000,
+                request_id,
+            )
+
+
+def create_app(settings: Settings, *, context: Context | None = None) -> Gateway:
+    """Build the gateway. With `context`, it is used as is (tests); otherwise it is opened at start."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        ctx = context or await open_context(settings)
+        app.state.context = ctx
+        watcher = asyncio.create_task(follow_changes(ctx, interval=settings.change_poll_seconds))
+        try:
+            yield
+        finally:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+            if context is None:
+                await ctx.database.dispose()
+
+    control = FastAPI(
+        title="credgate admin API",
+        version=__version__,
+        openapi_url="/api/v1/openapi.json",
+        docs_url=None,
+        redoc_url=None,
+        lifespan=lifespan,
+    )
+    if context is not None:
+        control.state.context = context
+    install_error_handlers(control)
+    control.include_router(admin_api_router)
+
+    @control.get("/healthz", include_in_schema=False)
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @control.get("/readyz", include_in_schema=False)
+    async def readyz() -> Any:
+        ctx: Context = control.state.context
+        try:
+            await asyncio.wait_for(ctx.database.ping(), _READY_TIMEOUT_SECONDS)
+        except (StorageUnavailable, TimeoutError):
+            return error_response(503, "storage unavailable")
+        return JSONResponse({"status": "ready"})
+
+    return Gateway(control)

@@ -1,0 +1,508 @@
+"""The `credgate` command: thin commands over the services; `serve` runs the gateway.
+
+Output is the admin API's JSON, so scripts see one shape everywhere. Secrets are read from standard input,
+never from arguments (which other users can see in the process list). Exit codes: 0 ok, 1 unexpected,
+2 usage or invalid input, 3 not found, 4 conflict, 5 configuration or storage problem.
+"""
+
+import asyncio
+import getpass
+import json
+import logging
+import sys
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
+
+import click
+import uvicorn
+from pydantic import BaseModel, TypeAdapter, ValidationError
+
+try:
+    import uvloop
+except ImportError:  # an optional speed-up, absent on Windows
+    uvloop = None  # type: ignore[assignment]
+
+from credgate.admin_api.schemas import (
+    AuditEventOut,
+    IntegrationIn,
+    IntegrationOut,
+    IntegrationPatchIn,
+    ProjectOut,
+    ProjectSecretOut,
+)
+from credgate.app import create_app
+from credgate.catalog import builtin_templates
+from credgate.config import Settings
+from credgate.crypto import encode_master_key, new_master_key
+from credgate.error_responses import validation_message
+from credgate.errors import Conflict, InvalidInput, NotFound, ServiceError, StartupError
+from credgate.services import admins, audit, integrations, master_keys, projects
+from credgate.services.bootstrap import open_context
+from credgate.services.context import Context
+from credgate.specs import AuthSpec, Endpoint
+from credgate.storage.models import Integration
+
+T = TypeVar("T")
+EXIT_CODES: dict[type[Exception], int] = {InvalidInput: 2, NotFound: 3, Conflict: 4, StartupError: 5}
+_auth_adapter: TypeAdapter[AuthSpec] = TypeAdapter(AuthSpec)
+
+
+def _actor() -> str:
+    return f"cli:{getpass.getuser()}"
+
+
+def _fail(message: str, code: int) -> None:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(code)
+
+
+def _run(settings: Settings, work: Callable[[Context], Awaitable[T]]) -> T:
+    """Open the gateway's state, run one piece of work, close; errors become a message and an exit code."""
+
+    async def main() -> T:
+        ctx = await open_context(settings)
+        try:
+            return await work(ctx)
+        finally:
+            await ctx.database.dispose()
+
+    try:
+        return asyncio.run(main())
+    except (ServiceError, StartupError) as error:
+        _fail(str(error), next((code for kind, code in EXIT_CODES.items() if isinstance(error, kind)), 1))
+    raise AssertionError("unreachable")
+
+
+def _print(value: BaseModel | list[BaseModel] | dict[str, Any]) -> None:
+    if isinstance(value, list):
+        value = {"items": [item.model_dump(mode="json") for item in value]}
+    elif isinstance(value, BaseModel):
+        value = value.model_dump(mode="json")
+    click.echo(json.dumps(value, indent=2, ensure_ascii=False))
+
+
+def _read_secret(label: str) -> str:
+    """A secret from standard input: typed without echo at a terminal, else the piped text."""
+    if sys.stdin.isatty():
+        return str(click.prompt(label, hide_input=True))
+    value = sys.stdin.read().strip()
+    if not value:
+        _fail(f"{label} was empty on standard input", 2)
+    return value
+
+
+pass_settings = click.make_pass_decorator(Settings)
+
+
+@click.group()
+@click.version_option(package_name="credgate")
+@click.pass_context
+def main(click_ctx: click.Context) -> None:
+    """credgate: a secure API gateway. Configuration: CREDGATE_* environment variables (see the README)."""
+    try:
+        click_ctx.obj = Settings()
+    except ValidationError as error:
+        _fail(f"invalid configuration: {validation_message(list(error.errors()))}", 5)  # type: ignore[arg-type]
+
+
+@main.command()
+@click.option("--host", help="Listen address [CREDGATE_HOST, default 127.0.0.1].")
+@click.option("--port", type=int, help="Listen port [CREDGATE_PORT, default 8080].")
+@pass_settings
+def serve(settings: Settings, host: str | None, port: int | None) -> None:
+    """Run the gateway: proxy, admin API and panel in one process."""
+    settings = settings.model_copy(update={"host": host or settings.host, "port": port or settings.port})
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    async def run_server() -> None:
+        ctx = await open_context(settings)
+        base = f"http://{settings.host}:{settings.port}"
+        click.echo(f"credgate is serving at {base}")
+        click.echo(f"  proxy:     {base}/proxy/<provider>/<endpoint>")
+        click.echo(f"  admin API: {base}/api/v1 (create an admin token with: credgate admin create-token)")
+        config = uvicorn.Config(
+            create_app(settings, context=ctx),
+            host=settings.host,
+            port=settings.port,
+            access_log=False,
+            server_header=False,
+            date_header=False,
+            log_config=None,
+        )
+        try:
+            await uvicorn.Server(config).serve()
+        finally:
+            await ctx.database.dispose()
+
+    try:
+        _run_loop(run_server())
+    except StartupError as error:
+        _fail(str(error), 5)
+
+
+def _run_loop(coroutine: Coroutine[Any, Any, None]) -> None:
+    if uvloop is None:
+        asyncio.run(coroutine)
+    else:
+        uvloop.run(coroutine)
+
+
+@main.group()
+def db() -> None:
+    """The database."""
+
+
+@db.command("upgrade")
+@pass_settings
+def db_upgrade(settings: Settings) -> None:
+    """Create or migrate the schema (also done at every start)."""
+
+    async def work(_ctx: Context) -> None:
+        return None
+
+    _run(settings, work)
+    click.echo("database is up to date")
+
+
+@main.group("master-key")
+def master_key() -> None:
+    """The master key that seals every stored secret."""
+
+
+@master_key.command("rotate")
+@pass_settings
+def master_key_rotate(settings: Settings) -> None:
+    """Re-encrypt every secret under a new master key while the gateway keeps serving.
+
+    With the key file, a new key is generated. With CREDGATE_MASTER_KEY, put the new key first (the old ones
+    after, comma-separated), run this, then drop the old keys from the variable.
+    """
+
+    async def work(ctx: Context) -> int:
+        return await master_keys.rotate_master_key(ctx, settings, actor=_actor())
+
+    resealed = _run(settings, work)
+    click.echo(f"master key rotated: {resealed} secrets re-encrypted")
+
+
+@master_key.command("generate")
+def master_key_generate() -> None:
+    """Print a new random master key (for CREDGATE_MASTER_KEY)."""
+    click.echo(encode_master_key(new_master_key()))
+
+
+@main.group()
+def admin() -> None:
+    """Admin tokens and panel users."""
+
+
+@admin.command("create-token")
+@click.option("--name", default="admin", show_default=True, help="A label for the audit log.")
+@pass_settings
+def admin_create_token(settings: Settings, name: str) -> None:
+    """Print a new admin API token (shown only now)."""
+    click.echo(_run(settings, lambda ctx: admins.create_admin_token(ctx, name=name, actor=_actor())))
+
+
+@admin.command("create-user")
+@click.argument("username")
+@click.option("--password-stdin", is_flag=True, required=True, help="Read the password from standard input.")
+@pass_settings
+def admin_create_user(settings: Settings, username: str, password_stdin: bool) -> None:
+    """Create a panel login."""
+    password = _read_secret("password")
+    _run(settings, lambda ctx: admins.create_admin_user(ctx, username=username, password=password, actor=_actor()))
+    click.echo(f"user {username} created")
+
+
+@main.group("projects")
+def projects_group() -> None:
+    """Projects and their tokens."""
+
+
+@projects_group.command("list")
+@pass_settings
+def projects_list(settings: Settings) -> None:
+    _print([ProjectOut.of(project) for project in _run(settings, projects.list_projects)])
+
+
+@projects_group.command("create")
+@click.argument("name")
+@pass_settings
+def projects_create(settings: Settings, name: str) -> None:
+    """Create a project; its token is printed only now."""
+    project, secret = _run(settings, lambda ctx: projects.create_project(ctx, name=name, actor=_actor()))
+    _print(ProjectSecretOut(project=ProjectOut.of(project), secret=secret))
+
+
+@projects_group.command("show")
+@click.argument("project_id")
+@pass_settings
+def projects_show(settings: Settings, project_id: str) -> None:
+    _print(ProjectOut.of(_run(settings, lambda ctx: projects.get_project(ctx, project_id=project_id))))
+
+
+@projects_group.command("rename")
+@click.argument("project_id")
+@click.argument("name")
+@pass_settings
+def projects_rename(settings: Settings, project_id: str, name: str) -> None:
+    project = _run(settings, lambda ctx: projects.rename_project(ctx, project_id=project_id, name=name, actor=_actor()))
+    _print(ProjectOut.of(project))
+
+
+@projects_group.command("delete")
+@click.argument("project_id")
+@pass_settings
+def projects_delete(settings: Settings, project_id: str) -> None:
+    """Delete a project: its tokens stop working and its secrets are destroyed."""
+    _run(settings, lambda ctx: projects.delete_project(ctx, project_id=project_id, actor=_actor()))
+    click.echo(f"project {project_id} deleted")
+
+
+@projects_group.command("rotate-token")
+@click.argument("project_id")
+@click.option("--grace-seconds", type=click.IntRange(0, 30 * 24 * 3600), default=0, show_default=True)
+@click.option("--expires-in-seconds", type=click.IntRange(1), default=None)
+@pass_settings
+def projects_rotate_token(
+    settings: Settings, project_id: str, grace_seconds: int, expires_in_seconds: int | None
+) -> None:
+    """Issue a new project token (printed only now); the old one works for the grace period."""
+    project, secret = _run(
+        settings,
+        lambda ctx: projects.rotate_project_token(
+            ctx,
+            project_id=project_id,
+            grace_seconds=grace_seconds,
+            expires_in_seconds=expires_in_seconds,
+            actor=_actor(),
+        ),
+    )
+    _print(ProjectSecretOut(project=ProjectOut.of(project), secret=secret))
+
+
+@projects_group.command("revoke-token")
+@click.argument("project_id")
+@pass_settings
+def projects_revoke_token(settings: Settings, project_id: str) -> None:
+    """Revoke every token of the project until the next rotation."""
+    _run(settings, lambda ctx: projects.revoke_project_tokens(ctx, project_id=project_id, actor=_actor()))
+    click.echo(f"tokens of project {project_id} revoked")
+
+
+@main.group("integrations")
+def integrations_group() -> None:
+    """A project's provider integrations."""
+
+
+def _parse_auth(auth: str | None) -> AuthSpec | None:
+    if auth is None:
+        return None
+    try:
+        return _auth_adapter.validate_json(auth)
+    except ValidationError as error:
+        _fail(f"--auth: {validation_message(list(error.errors()))}", 2)  # type: ignore[arg-type]
+    raise AssertionError("unreachable")
+
+
+def _parse_pairs(option: str, pairs: tuple[str, ...]) -> dict[str, str] | None:
+    if not pairs:
+        return None
+    parsed = {}
+    for pair in pairs:
+        name, separator, value = pair.partition("=")
+        if not separator or not name:
+            _fail(f"{option} takes NAME=VALUE", 2)
+        parsed[name] = value
+    return parsed
+
+
+@integrations_group.command("list")
+@click.argument("project_id")
+@pass_settings
+def integrations_list(settings: Settings, project_id: str) -> None:
+    found = _run(settings, lambda ctx: integrations.list_integrations(ctx, project_id=project_id))
+    _print([IntegrationOut.of(integration) for integration in found])
+
+
+@integrations_group.command("show")
+@click.argument("project_id")
+@click.argument("provider")
+@pass_settings
+def integrations_show(settings: Settings, project_id: str, provider: str) -> None:
+    found = _run(settings, lambda ctx: integrations.get_integration(ctx, project_id=project_id, provider=provider))
+    _print(IntegrationOut.of(found))
+
+
+@integrations_group.command("add")
+@click.argument("project_id")
+@click.argument("provider")
+@click.option("--template", help="A template id (see `credgate templates`); omit for a custom integration.")
+@click.option("--base-url", help="Required for a custom integration; overrides the template's.")
+@click.option("--auth", help='Custom integrations: JSON, e.g. \'{"method": "header", "name": "x-api-key"}\'.')
+@click.option("--api-key-stdin", is_flag=True, help="Read the provider API key from standard input.")
+@pass_settings
+def integrations_add(
+    settings: Settings,
+    project_id: str,
+    provider: str,
+    template: str | None,
+    base_url: str | None,
+    auth: str | None,
+    api_key_stdin: bool,
+) -> None:
+    """Set a provider up in a project, from a template or custom."""
+    api_key = _read_secret("API key") if api_key_stdin else None
+    fields: dict[str, Any] = {"provider": provider, "template": template, "base_url": base_url, "api_key": api_key}
+    fields["auth"] = _parse_auth(auth)
+    try:
+        request = IntegrationIn.model_validate({name: value for name, value in fields.items() if value is not None})
+    except ValidationError as error:
+        _fail(validation_message(list(error.errors())), 2)  # type: ignore[arg-type]
+
+    async def work(ctx: Context) -> Integration:
+        integration, _created = await integrations.add_integration(
+            ctx,
+            project_id=project_id,
+            provider=request.provider,
+            template_id=request.template,
+            api_key=request.api_key.get_secret_value() if request.api_key else None,
+            base_url=request.base_url,
+            auth=request.auth,
+            actor=_actor(),
+        )
+        return integration
+
+    _print(IntegrationOut.of(_run(settings, work)))
+
+
+@integrations_group.command("update")
+@click.argument("project_id")
+@click.argument("provider")
+@click.option("--base-url")
+@click.option("--auth", help="JSON auth method, as for `add`.")
+@click.option("--enable/--disable", default=None)
+@click.option("--timeout-seconds", type=click.FloatRange(0, 3600, min_open=True))
+@click.option("--header", "headers", multiple=True, help="NAME=VALUE; replaces all default headers.")
+@click.option("--query", "query", multiple=True, help="NAME=VALUE; replaces all default query parameters.")
+@pass_settings
+def integrations_update(
+    settings: Settings,
+    project_id: str,
+    provider: str,
+    base_url: str | None,
+    auth: str | None,
+    enable: bool | None,
+    timeout_seconds: float | None,
+    headers: tuple[str, ...],
+    query: tuple[str, ...],
+) -> None:
+    """Change an integration's settings."""
+    fields = {
+        "base_url": base_url,
+        "auth": _parse_auth(auth),
+        "enabled": enable,
+        "timeout_seconds": timeout_seconds,
+        "headers": _parse_pairs("--header", headers),
+        "query": _parse_pairs("--query", query),
+    }
+    try:
+        patch = IntegrationPatchIn.model_validate({name: value for name, value in fields.items() if value is not None})
+    except ValidationError as error:
+        _fail(validation_message(list(error.errors())), 2)  # type: ignore[arg-type]
+    changes = integrations.IntegrationChanges(**{name: getattr(patch, name) for name in patch.model_fields_set})
+    found = _run(
+        settings,
+        lambda ctx: integrations.update_integration(
+            ctx, project_id=project_id, provider=provider, changes=changes, actor=_actor()
+        ),
+    )
+    _print(IntegrationOut.of(found))
+
+
+@integrations_group.command("delete")
+@click.argument("project_id")
+@click.argument("provider")
+@pass_settings
+def integrations_delete(settings: Settings, project_id: str, provider: str) -> None:
+    _run(
+        settings,
+        lambda ctx: integrations.delete_integration(ctx, project_id=project_id, provider=provider, actor=_actor()),
+    )
+    click.echo(f"integration {provider} of project {project_id} deleted")
+
+
+@integrations_group.command("set-endpoints")
+@click.argument("project_id")
+@click.argument("provider")
+@click.argument("endpoints", nargs=-1)
+@pass_settings
+def integrations_set_endpoints(settings: Settings, project_id: str, provider: str, endpoints: tuple[str, ...]) -> None:
+    """Replace the allowed endpoints, each as "METHOD path" (e.g. "POST chat/completions", "* v1/**")."""
+    parsed = []
+    for entry in endpoints:
+        method, _, path = entry.strip().partition(" ")
+        try:
+            parsed.append(Endpoint.model_validate({"method": method.upper(), "path": path.strip()}))
+        except ValidationError as error:
+            _fail(f"endpoint {entry!r}: {validation_message(list(error.errors()))}", 2)  # type: ignore[arg-type]
+    found = _run(
+        settings,
+        lambda ctx: integrations.set_endpoints(
+            ctx, project_id=project_id, provider=provider, endpoints=parsed, actor=_actor()
+        ),
+    )
+    _print(IntegrationOut.of(found))
+
+
+@main.group("keys")
+def keys_group() -> None:
+    """Provider API keys: set (edit or rotate) and revoke."""
+
+
+@keys_group.command("set")
+@click.argument("project_id")
+@click.argument("provider")
+@click.option("--api-key-stdin", is_flag=True, required=True, help="Read the new key from standard input.")
+@pass_settings
+def keys_set(settings: Settings, project_id: str, provider: str, api_key_stdin: bool) -> None:
+    """Edit or rotate a provider key; requests that start afterwards use the new one."""
+    api_key = _read_secret("API key")
+    found = _run(
+        settings,
+        lambda ctx: integrations.set_provider_key(
+            ctx, project_id=project_id, provider=provider, api_key=api_key, actor=_actor()
+        ),
+    )
+    _print(IntegrationOut.of(found))
+
+
+@keys_group.command("revoke")
+@click.argument("project_id")
+@click.argument("provider")
+@pass_settings
+def keys_revoke(settings: Settings, project_id: str, provider: str) -> None:
+    """Revoke a provider key: it is destroyed, and requests get 403 until a new key is set."""
+    found = _run(
+        settings,
+        lambda ctx: integrations.revoke_provider_key(ctx, project_id=project_id, provider=provider, actor=_actor()),
+    )
+    _print(IntegrationOut.of(found))
+
+
+@main.command("templates")
+@pass_settings
+def templates_list(settings: Settings) -> None:
+    """List the integration templates."""
+    _print(list(builtin_templates().values()))
+
+
+@main.command("audit")
+@click.option("--limit", type=click.IntRange(1, 1000), default=50, show_default=True)
+@click.option("--project", "project_id", help="Only this project's events.")
+@pass_settings
+def audit_list(settings: Settings, limit: int, project_id: str | None) -> None:
+    """The audit log of changes, newest first."""
+    events = _run(settings, lambda ctx: audit.list_audit_events(ctx, limit=limit, project_id=project_id))
+    _print([AuditEventOut.of(event) for event in events])

@@ -1,0 +1,67 @@
+"""The one service-error shape on the wire (contract section 4), and its handlers for the control app.
+
+`{"error": {"status", "message"}}`, the same status on the response, `X-Credgate-Error: true`. Upstream
+responses never pass through here.
+"""
+
+import json
+import logging
+from collections.abc import Mapping
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException
+from starlette.responses import Response
+
+from credgate.errors import ServiceError
+
+logger = logging.getLogger(__name__)
+ERROR_HEADER = "x-credgate-error"
+_REASONS = {400: "bad request", 401: "unauthorized", 404: "not found", 405: "method not allowed"}
+
+
+def error_body(status: int, message: str) -> bytes:
+    return json.dumps({"error": {"status": status, "message": message}}).encode()
+
+
+def error_response(status: int, message: str, headers: Mapping[str, str] | None = None) -> Response:
+    return Response(
+        error_body(status, message),
+        status_code=status,
+        media_type="application/json",
+        headers={ERROR_HEADER: "true", **(headers or {})},
+    )
+
+
+def validation_message(errors: list[dict[str, object]]) -> str:
+    """Name each field and its problem; never the submitted value (it may be a key)."""
+    problems = []
+    for error in errors:
+        location = [str(part) for part in error.get("loc", ()) if part != "body"]  # type: ignore[attr-defined]
+        message = str(error.get("msg", "invalid")).removeprefix("Value error, ")
+        problems.append(f"{'.'.join(location)}: {message}" if location else message)
+    return "; ".join(problems)
+
+
+def request_id_of(request: Request) -> str:
+    return str(request.scope.get("state", {}).get("request_id", "unknown"))
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ServiceError)
+    async def _service_error(_request: Request, error: ServiceError) -> Response:
+        return error_response(error.status, error.message, error.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid_input(_request: Request, error: RequestValidationError) -> Response:
+        return error_response(422, validation_message(list(error.errors())))
+
+    @app.exception_handler(HTTPException)
+    async def _http_error(_request: Request, error: HTTPException) -> Response:
+        return error_response(error.status_code, _REASONS.get(error.status_code, "error"), error.headers)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, _error: Exception) -> Response:
+        request_id = request_id_of(request)
+        logger.exception("unexpected error in request %s", request_id)
+        return error_response(500, f"internal error (request id {request_id})")

@@ -1,0 +1,108 @@
+"""Shared fixtures: every test gets its own database, SQLite always and PostgreSQL when one is configured.
+
+Set CREDGATE_TEST_POSTGRES_URL (e.g. postgresql+asyncpg://postgres@127.0.0.1:5432/test) to run the
+PostgreSQL half; each test then gets a schema of its own. CREDGATE_TEST_REQUIRE_POSTGRES=1 (set by .ci/run)
+turns the skip into a failure, so CI never hides the gap.
+"""
+
+import os
+import secrets
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import create_async_engine
+
+from credgate.app import create_app
+from credgate.config import Settings
+from credgate.services import admins
+from credgate.services.bootstrap import open_context
+from credgate.services.context import Context
+
+POSTGRES_URL = os.environ.get("CREDGATE_TEST_POSTGRES_URL")
+REQUIRE_POSTGRES = os.environ.get("CREDGATE_TEST_REQUIRE_POSTGRES") == "1"
+
+
+@pytest.fixture(autouse=True)
+def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No CREDGATE_* setting of the machine leaks into a test."""
+    for name in list(os.environ):
+        if name.startswith("CREDGATE_") and not name.startswith("CREDGATE_TEST_"):
+            monkeypatch.delenv(name)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def backend(request: pytest.FixtureRequest) -> str:
+    if request.param == "postgresql" and not POSTGRES_URL:
+        if REQUIRE_POSTGRES:
+            pytest.fail("CREDGATE_TEST_REQUIRE_POSTGRES=1 but CREDGATE_TEST_POSTGRES_URL is not set")
+        pytest.skip("PostgreSQL tests need CREDGATE_TEST_POSTGRES_URL (the README's test command sets it)")
+    return str(request.param)
+
+
+@pytest.fixture
+async def database(backend: str, tmp_path: Path) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+    """A database URL and connect arguments private to this test."""
+    if backend == "sqlite":
+        yield f"sqlite+aiosqlite:///{tmp_path / 'credgate.db'}", {}
+        return
+    assert POSTGRES_URL is not None
+    schema = f"credgate_test_{secrets.token_hex(6)}"
+    admin = create_async_engine(POSTGRES_URL)
+    async with admin.begin() as connection:
+        await connection.execute(text(f'CREATE SCHEMA "{schema}"'))
+    try:
+        yield POSTGRES_URL, {"server_settings": {"search_path": schema}}
+    finally:
+        async with admin.begin() as connection:
+            await connection.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
+        await admin.dispose()
+
+
+@pytest.fixture
+def settings(database: tuple[str, dict[str, Any]], tmp_path: Path) -> Settings:
+    return Settings(data_dir=tmp_path / "data", database_url=database[0])
+
+
+@pytest.fixture
+async def ctx(settings: Settings, database: tuple[str, dict[str, Any]]) -> AsyncIterator[Context]:
+    context = await open_context(settings, connect_args=database[1])
+    try:
+        yield context
+    finally:
+        await context.database.dispose()
+
+
+@pytest.fixture
+async def admin_token(ctx: Context) -> str:
+    return await admins.create_admin_token(ctx, name="tests", actor="tests")
+
+
+@pytest.fixture
+async def client(settings: Settings, ctx: Context, admin_token: str) -> AsyncIterator[httpx.AsyncClient]:
+    """The admin API in process, signed in with an admin token."""
+    transport = httpx.ASGITransport(app=create_app(settings, context=ctx))
+    headers = {"Authorization": f"Bearer {admin_token}"}
+    async with httpx.AsyncClient(transport=transport, base_url="http://credgate.test", headers=headers) as client:
+        yield client
+
+
+@pytest.fixture
+def anonymous(client: httpx.AsyncClient) -> Iterator[httpx.AsyncClient]:
+    """The same in-process API without the admin token."""
+    token = client.headers.pop("Authorization")
+    yield client
+    client.headers["Authorization"] = token
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """With CREDGATE_TEST_NO_SKIPS=1 (CI), a skipped test fails the run: CI must not hide a gap."""
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    skipped = len(reporter.stats.get("skipped", [])) if reporter is not None else 0
+    if os.environ.get("CREDGATE_TEST_NO_SKIPS") == "1" and skipped and exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        if reporter is not None:
+            reporter.write_line(f"error: {skipped} tests skipped, and CREDGATE_TEST_NO_SKIPS=1 forbids skips", red=True)
