@@ -5,9 +5,10 @@ PostgreSQL half; each test then gets a schema of its own. CREDGATE_TEST_REQUIRE_
 turns the skip into a failure, so CI never hides the gap.
 """
 
+import logging
 import os
 import secrets
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from credgate.config import Settings
 from credgate.services import admins
 from credgate.services.bootstrap import open_context
 from credgate.services.context import Context
+from tests.secret_sweep import SWEEP, SweepHandler
 
 POSTGRES_URL = os.environ.get("CREDGATE_TEST_POSTGRES_URL")
 REQUIRE_POSTGRES = os.environ.get("CREDGATE_TEST_REQUIRE_POSTGRES") == "1"
@@ -74,6 +76,10 @@ async def ctx(settings: Settings, database: tuple[str, dict[str, Any]]) -> Async
         yield context
     finally:
         await context.database.dispose()
+        if database[0].startswith("sqlite"):
+            database_file = Path(database[0].split("///", 1)[1])
+            for path in (database_file, database_file.with_name(database_file.name + "-wal")):
+                SWEEP.scan_file(path, SWEEP.secrets)
 
 
 @pytest.fixture
@@ -86,8 +92,21 @@ async def client(settings: Settings, ctx: Context, admin_token: str) -> AsyncIte
     """The admin API in process, signed in with an admin token."""
     transport = httpx.ASGITransport(app=create_app(settings, context=ctx))
     headers = {"Authorization": f"Bearer {admin_token}"}
-    async with httpx.AsyncClient(transport=transport, base_url="http://credgate.test", headers=headers) as client:
+    hooks: dict[str, list[Callable[..., Any]]] = {"request": [_sweep_request], "response": [_sweep_response]}
+    async with httpx.AsyncClient(
+        transport=transport, base_url="http://credgate.test", headers=headers, event_hooks=hooks
+    ) as client:
         yield client
+
+
+async def _sweep_request(request: httpx.Request) -> None:
+    SWEEP.register_request_body(request.content)
+
+
+async def _sweep_response(response: httpx.Response) -> None:
+    await response.aread()
+    where = f"response {response.request.method} {response.request.url.path}"
+    SWEEP.capture(where, "\n".join(f"{name}: {value}" for name, value in response.headers.items()) + response.text)
 
 
 @pytest.fixture
@@ -98,9 +117,25 @@ def anonymous(client: httpx.AsyncClient) -> Iterator[httpx.AsyncClient]:
     client.headers["Authorization"] = token
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    root = logging.getLogger()
+    root.addHandler(SweepHandler(SWEEP))
+    root.setLevel(logging.DEBUG)  # the sweep reads DEBUG records too
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """With CREDGATE_TEST_NO_SKIPS=1 (CI), a skipped test fails the run: CI must not hide a gap."""
+    """Fail the run on a leaked secret; with CREDGATE_TEST_NO_SKIPS=1 (CI), on any skip too."""
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    leaks = SWEEP.findings()
+    if leaks:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        if reporter is not None:
+            reporter.write_line(f"error: stored secrets leaked ({len(leaks)}): {leaks[:10]}", red=True)
+    elif reporter is not None:
+        reporter.write_line(
+            f"secret sweep: {len(SWEEP.secrets)} provider keys searched in {len(SWEEP.texts)} responses and log "
+            "records, none found"
+        )
     skipped = len(reporter.stats.get("skipped", [])) if reporter is not None else 0
     if os.environ.get("CREDGATE_TEST_NO_SKIPS") == "1" and skipped and exitstatus == 0:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED

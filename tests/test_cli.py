@@ -1,0 +1,179 @@
+"""The credgate command: JSON output, secrets from stdin only, exit codes scripts can rely on."""
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner, Result
+
+from credgate.cli import main
+from credgate.crypto import encode_master_key, new_master_key
+from tests.secret_sweep import SWEEP
+
+KEY = "sk-test-cli0123456789abcdefghij"
+ROTATED_KEY = "sk-test-rotated-0000000000wxyz"
+
+
+@pytest.fixture
+def credgate(tmp_path: Path) -> Any:
+    runner = CliRunner()
+    SWEEP.register(KEY)
+    SWEEP.register(ROTATED_KEY)
+    env = {"CREDGATE_DATA_DIR": str(tmp_path / "data")}
+
+    def run(*args: str, stdin: str | None = None, extra_env: dict[str, str] | None = None) -> Result:
+        result = runner.invoke(main, list(args), input=stdin, env=env | (extra_env or {}))
+        SWEEP.capture(f"cli {args[:2]}", result.output)
+        return result
+
+    return run
+
+
+def project_id(credgate: Any) -> str:
+    result = credgate("projects", "create", "demo")
+    assert result.exit_code == 0, result.output
+    return str(json.loads(result.output)["project"]["id"])
+
+
+def test_create_token_prints_one_line(credgate: Any) -> None:
+    result = credgate("admin", "create-token", "--name", "ci")
+    assert result.exit_code == 0
+    assert result.output.count("\n") == 1
+    assert result.output.startswith("cga_")
+
+
+def test_add_integration_reads_the_key_from_stdin_and_never_prints_it(credgate: Any) -> None:
+    project = project_id(credgate)
+    result = credgate(
+        "integrations",
+        "add",
+        project,
+        "openai",
+        "--template",
+        "openai-chat-completions",
+        "--api-key-stdin",
+        stdin=KEY + "\n",
+    )
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["key"]["hint"] == "…ghij"
+    assert KEY not in result.output
+
+
+def test_key_set_and_revoke(credgate: Any) -> None:
+    project = project_id(credgate)
+    credgate(
+        "integrations", "add", project, "acme", "--base-url", "https://api.acme.test", "--api-key-stdin", stdin=KEY
+    )
+    rotated = credgate("keys", "set", project, "acme", "--api-key-stdin", stdin=ROTATED_KEY)
+    assert json.loads(rotated.output)["key"]["hint"] == "…wxyz"
+    revoked = credgate("keys", "revoke", project, "acme")
+    assert json.loads(revoked.output)["key"] == {
+        "status": "revoked",
+        "hint": None,
+        "updated_at": json.loads(revoked.output)["key"]["updated_at"],
+    }
+
+
+def test_custom_integration_with_auth_and_endpoints(credgate: Any) -> None:
+    project = project_id(credgate)
+    added = credgate(
+        "integrations",
+        "add",
+        project,
+        "acme",
+        "--base-url",
+        "https://api.acme.test",
+        "--auth",
+        '{"method": "header", "name": "x-api-key"}',
+        "--api-key-stdin",
+        stdin=KEY,
+    )
+    assert json.loads(added.output)["endpoints"] == []
+    result = credgate("integrations", "set-endpoints", project, "acme", "POST v1/messages", "* v1/models/**")
+    assert json.loads(result.output)["endpoints"] == [
+        {"method": "POST", "path": "v1/messages"},
+        {"method": "*", "path": "v1/models/**"},
+    ]
+
+
+def test_update_integration(credgate: Any) -> None:
+    project = project_id(credgate)
+    credgate(
+        "integrations", "add", project, "acme", "--base-url", "https://api.acme.test", "--api-key-stdin", stdin=KEY
+    )
+    result = credgate(
+        "integrations", "update", project, "acme", "--disable", "--header", "x-team=blue", "--timeout-seconds", "30"
+    )
+    assert result.exit_code == 0, result.output
+    updated = json.loads(result.output)
+    assert (updated["enabled"], updated["headers"], updated["timeout_seconds"]) == (False, {"x-team": "blue"}, 30.0)
+
+
+def test_rotate_token_with_grace(credgate: Any) -> None:
+    project = project_id(credgate)
+    result = credgate("projects", "rotate-token", project, "--grace-seconds", "60", "--expires-in-seconds", "3600")
+    rotated = json.loads(result.output)
+    assert rotated["secret"].startswith("cgp_")
+    assert rotated["project"]["token"]["expires_at"] is not None
+
+
+@pytest.mark.parametrize(
+    ("args", "code"),
+    [
+        (("projects", "show", "prj_missing"), 3),
+        (("integrations", "set-endpoints", "prj_x", "acme", "GET a/../b"), 2),
+        (("integrations", "add", "prj_x", "Bad Name", "--base-url", "https://a.test", "--api-key-stdin"), 2),
+        (("keys", "revoke", "prj_missing", "acme"), 3),
+    ],
+)
+def test_errors_have_distinct_exit_codes(credgate: Any, args: tuple[str, ...], code: int) -> None:
+    result = credgate(*args, stdin=KEY)
+    assert result.exit_code == code, result.output
+    assert result.output.startswith("error: ")
+
+
+def test_conflict_exits_4(credgate: Any) -> None:
+    project = project_id(credgate)
+    add = ("integrations", "add", project, "acme", "--base-url", "https://api.acme.test", "--api-key-stdin")
+    credgate(*add, stdin=KEY)
+    assert credgate(*add, stdin=KEY).exit_code == 4
+
+
+def test_wrong_master_key_exits_5_and_says_why(credgate: Any) -> None:
+    project_id(credgate)
+    result = credgate("projects", "list", extra_env={"CREDGATE_MASTER_KEY": encode_master_key(new_master_key())})
+    assert result.exit_code == 5
+    assert "master key does not match" in result.output
+
+
+def test_master_key_rotate_reseals(credgate: Any, tmp_path: Path) -> None:
+    project = project_id(credgate)
+    credgate(
+        "integrations", "add", project, "acme", "--base-url", "https://api.acme.test", "--api-key-stdin", stdin=KEY
+    )
+    before = (tmp_path / "data" / "master.key").read_text()
+    result = credgate("master-key", "rotate")
+    assert result.exit_code == 0, result.output
+    assert "1 secrets re-encrypted" in result.output
+    assert (tmp_path / "data" / "master.key").read_text() not in ("", before)
+    assert credgate("integrations", "show", project, "acme").exit_code == 0
+
+
+def test_empty_stdin_is_refused(credgate: Any) -> None:
+    project = project_id(credgate)
+    result = credgate("keys", "set", project, "acme", "--api-key-stdin", stdin="")
+    assert result.exit_code == 2
+    assert "empty" in result.output
+
+
+def test_db_upgrade_and_templates(credgate: Any) -> None:
+    assert credgate("db", "upgrade").output == "database is up to date\n"
+    ids = [template["id"] for template in json.loads(credgate("templates").output)["items"]]
+    assert {"openai-chat-completions", "openai-image-generations"} <= set(ids)
+
+
+def test_create_user_reads_password_from_stdin(credgate: Any) -> None:
+    assert credgate("admin", "create-user", "alice", "--password-stdin", stdin="correct horse battery").exit_code == 0
+    assert credgate("admin", "create-user", "alice", "--password-stdin", stdin="correct horse battery").exit_code == 4
+    assert credgate("admin", "create-user", "bob", "--password-stdin", stdin="short").exit_code == 2
