@@ -12,6 +12,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+import aiohttp
 from fastapi import FastAPI
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -20,9 +21,11 @@ from credgate import __version__
 from credgate.admin_api import router as admin_api_router
 from credgate.config import Settings
 from credgate.error_responses import error_response, install_error_handlers
+from credgate.proxy import ProxyApp, create_http_session
 from credgate.services.access import follow_changes
 from credgate.services.bootstrap import open_context
 from credgate.services.context import Context
+from credgate.services.usage import UsageRecorder
 from credgate.storage import StorageUnavailable
 
 logger = logging.getLogger("credgate.access")
@@ -69,20 +72,34 @@ class Gateway:
             )
 
 
-def create_app(settings: Settings, *, context: Context | None = None) -> Gateway:
-    """Build the gateway. With `context`, it is used as is (tests); otherwise it is opened at start."""
+def create_app(
+    settings: Settings, *, context: Context | None = None, http_session: aiohttp.ClientSession | None = None
+) -> Gateway:
+    """Build the gateway. Given `context` or `http_session`, they are used as they are (tests); otherwise
+    they are opened at start and closed at shutdown. The proxy exists once the lifespan has started."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         ctx = context or await open_context(settings)
+        session = http_session or create_http_session()
+        recorder = UsageRecorder(ctx)
         app.state.context = ctx
-        watcher = asyncio.create_task(follow_changes(ctx, interval=settings.change_poll_seconds))
+        gateway.proxy = ProxyApp(ctx, settings, session, recorder)
+        tasks = [
+            asyncio.create_task(follow_changes(ctx, interval=settings.change_poll_seconds)),
+            asyncio.create_task(recorder.run()),
+        ]
         try:
             yield
         finally:
-            watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watcher
+            gateway.proxy = None
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            if http_session is None:
+                await session.close()
             if context is None:
                 await ctx.database.dispose()
 
@@ -112,4 +129,5 @@ def create_app(settings: Settings, *, context: Context | None = None) -> Gateway
             return error_response(503, "storage unavailable")
         return JSONResponse({"status": "ready"})
 
-    return Gateway(control)
+    gateway = Gateway(control)
+    return gateway

@@ -1,18 +1,26 @@
 """Real-socket fixtures: `credgate serve` as a subprocess on a free port, its output kept for the sweep."""
 
+import asyncio
 import os
+import secrets
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
+import uvicorn
 
+from credgate.app import create_app
+from credgate.config import Settings
+from credgate.services import integrations, projects
+from credgate.services.context import Context
 from tests.secret_sweep import SWEEP
+from tests.upstream import Upstream, run_upstream
 
 CREDGATE = str(Path(sys.executable).with_name("credgate"))
 
@@ -82,3 +90,76 @@ def gateway(tmp_path: Path) -> Iterator[RunningGateway]:
         stop_gateway(process, running)
         for name in ("credgate.db", "credgate.db-wal"):
             SWEEP.scan_file(tmp_path / "data" / name, SWEEP.secrets)
+
+
+# In-process fixtures: the gateway under uvicorn in the test's own event loop, on a real socket.
+
+
+@pytest.fixture
+def backend() -> str:
+    """Real-socket tests run on SQLite; the storage and service tests cover PostgreSQL."""
+    return "sqlite"
+
+
+@pytest.fixture
+async def upstream() -> AsyncIterator[Upstream]:
+    async with run_upstream() as running:
+        yield running
+
+
+@pytest.fixture
+async def gateway_url(settings: Settings, ctx: Context) -> AsyncIterator[str]:
+    """The gateway's base URL, served by uvicorn as `credgate serve` does, with DEBUG logging on."""
+    port = free_port()
+    app = create_app(settings.model_copy(update={"allow_private_upstreams": True}), context=ctx)
+    config = uvicorn.Config(
+        app,
+        host="127.0.0.1",
+        port=port,
+        log_config=None,
+        access_log=False,
+        server_header=False,
+        date_header=False,
+        lifespan="on",
+    )
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        if task.done():
+            task.result()
+        await asyncio.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        await task
+
+
+@dataclass
+class Project:
+    id: str
+    token: str
+    key: str
+
+
+async def add_project(ctx: Context, upstream: Upstream, *, key: str | None = None, provider: str = "openai") -> Project:
+    """A project whose `provider` is the OpenAI chat and image templates pointed at the stand-in."""
+    key = key or "sk-test-" + secrets.token_urlsafe(18)
+    SWEEP.register(key)
+    project, token = await projects.create_project(ctx, name="e2e", actor="tests")
+    for template in ("openai-chat-completions", "openai-image-generations"):
+        await integrations.add_template_integration(
+            ctx,
+            project_id=project.id,
+            provider=provider,
+            template_id=template,
+            actor="tests",
+            api_key=key if template == "openai-chat-completions" else None,
+            base_url=f"{upstream.url}/v1",
+        )
+    return Project(id=project.id, token=token, key=key)
+
+
+@pytest.fixture
+async def project(ctx: Context, upstream: Upstream) -> Project:
+    return await add_project(ctx, upstream)

@@ -45,6 +45,7 @@ class Access:
     project_id: str
     token_hash: str
     token_expires_at: datetime | None
+    rate_limit_per_minute: int | None
     integration: ResolvedIntegration | None
 
 
@@ -84,6 +85,7 @@ async def resolve_access(ctx: Context, *, token: str, provider: str) -> Access |
                 project_id=row.token.project_id,
                 token_hash=token_hash,
                 token_expires_at=row.token.expires_at,
+                rate_limit_per_minute=row.rate_limit_per_minute,
                 integration=None if row.integration is None else _resolved(ctx, row.integration),
             )
         cache.store(key, cached, generation=generation)

@@ -1,6 +1,6 @@
 """Persistence: the ORM models, the Database (engine, transactions, migrations) and its Repository."""
 
 from credgate.storage.database import Database, StorageUnavailable
-from credgate.storage.repository import Repository, ResolvedRow
+from credgate.storage.repository import Repository, ResolvedRow, UsageRow
 
-__all__ = ["Database", "Repository", "ResolvedRow", "StorageUnavailable"]
+__all__ = ["Database", "Repository", "ResolvedRow", "StorageUnavailable", "UsageRow"]

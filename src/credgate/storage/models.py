@@ -3,7 +3,17 @@
 from datetime import UTC, datetime
 from typing import Any, ClassVar
 
-from sqlalchemy import JSON, DateTime, ForeignKey, Index, LargeBinary, String, TypeDecorator, UniqueConstraint
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    DateTime,
+    ForeignKey,
+    Index,
+    LargeBinary,
+    String,
+    TypeDecorator,
+    UniqueConstraint,
+)
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
@@ -132,3 +142,23 @@ class AuditEvent(Base):
     action: Mapped[str] = mapped_column(String(64))
     project_id: Mapped[str | None] = mapped_column(String(32))
     provider: Mapped[str | None] = mapped_column(String(63))
+
+
+class RequestRecord(Base):
+    """One proxied request, for the project's request log and usage; bodies are never recorded."""
+
+    __tablename__ = "request_records"
+    __table_args__ = (Index("ix_request_records_project_at", "project_id", "at"),)
+    id: Mapped[int] = mapped_column(primary_key=True, autoincrement=True)
+    at: Mapped[datetime]
+    project_id: Mapped[str] = mapped_column(String(32))
+    request_id: Mapped[str] = mapped_column(String(32))
+    method: Mapped[str] = mapped_column(String(8))
+    provider: Mapped[str] = mapped_column(String(63))
+    endpoint: Mapped[str] = mapped_column(String(2048))
+    status: Mapped[int]
+    duration_ms: Mapped[float]
+    request_bytes: Mapped[int] = mapped_column(BigInteger)
+    response_bytes: Mapped[int] = mapped_column(BigInteger)
+    prompt_tokens: Mapped[int | None]
+    completion_tokens: Mapped[int | None]

@@ -3,8 +3,9 @@
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import case, delete, func, literal, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import selectinload
 
@@ -18,7 +19,17 @@ from credgate.storage.models import (
     Project,
     ProjectToken,
     ProviderKey,
+    RequestRecord,
 )
+
+
+@dataclass(frozen=True, slots=True)
+class UsageRow:
+    group: str
+    requests: int
+    errors: int
+    prompt_tokens: int
+    completion_tokens: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +38,7 @@ class ResolvedRow:
 
     token: ProjectToken | None
     integration: Integration | None
+    rate_limit_per_minute: int | None = None
 
 
 class Repository:
@@ -88,7 +100,8 @@ class Repository:
     async def resolve(self, *, token_hash: str, provider: str) -> ResolvedRow:
         """The token and the integration it may use, in one indexed query (the proxy's lookup)."""
         statement = (
-            select(ProjectToken, Integration)
+            select(ProjectToken, Integration, Project.rate_limit_per_minute)
+            .join(Project, Project.id == ProjectToken.project_id)
             .outerjoin(
                 Integration,
                 (Integration.project_id == ProjectToken.project_id) & (Integration.provider == provider),
@@ -98,7 +111,7 @@ class Repository:
         row = (await self._session.execute(statement)).unique().one_or_none()
         if row is None:
             return ResolvedRow(token=None, integration=None)
-        return ResolvedRow(token=row[0], integration=row[1])
+        return ResolvedRow(token=row[0], integration=row[1], rate_limit_per_minute=row[2])
 
     # admin tokens and users
 
@@ -141,6 +154,49 @@ class Repository:
             .execution_options(synchronize_session=False)
         )
         return bool(getattr(result, "rowcount", 0))
+
+    # request records
+
+    def add_all(self, rows: Sequence[Base]) -> None:
+        self._session.add_all(rows)
+
+    async def list_request_records(self, project_id: str, *, limit: int) -> Sequence[RequestRecord]:
+        statement = (
+            select(RequestRecord)
+            .where(RequestRecord.project_id == project_id)
+            .order_by(RequestRecord.at.desc(), RequestRecord.id.desc())
+            .limit(limit)
+        )
+        return (await self._session.scalars(statement)).all()
+
+    async def usage_totals(
+        self, project_id: str, *, since: datetime, until: datetime, group_by: str | None
+    ) -> Sequence[UsageRow]:
+        """Requests, errors and tokens of a project in [since, until), grouped by provider or day (or not)."""
+        group: Any = {
+            None: literal(""),
+            "provider": RequestRecord.provider,
+            "day": func.date(RequestRecord.at),
+        }[group_by]
+        statement = (
+            select(
+                group.label("group"),
+                func.count(),
+                func.sum(case((RequestRecord.status >= 400, 1), else_=0)),
+                func.sum(RequestRecord.prompt_tokens),
+                func.sum(RequestRecord.completion_tokens),
+            )
+            .where(RequestRecord.project_id == project_id, RequestRecord.at >= since, RequestRecord.at < until)
+            .group_by(group)
+            .order_by(group)
+        )
+        return [
+            UsageRow(str(row[0]), int(row[1]), int(row[2] or 0), int(row[3] or 0), int(row[4] or 0))
+            for row in (await self._session.execute(statement)).all()
+        ]
+
+    async def delete_request_records(self, *, before: datetime) -> None:
+        await self._session.execute(delete(RequestRecord).where(RequestRecord.at < before))
 
     # audit
 

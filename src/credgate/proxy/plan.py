@@ -1,0 +1,207 @@
+"""Plan: the pure half of the data plane. From the client's request and the resolved integration to the
+exact upstream request; no I/O, so every hygiene rule is unit-tested without a network.
+"""
+
+import base64
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from urllib.parse import quote, unquote_to_bytes
+
+from credgate.crypto import Secret
+from credgate.errors import BadRequest
+from credgate.services.access import ResolvedIntegration
+from credgate.specs import PROVIDER_NAME, AuthSpec, Endpoint
+
+Headers = list[tuple[bytes, bytes]]
+
+# Where SDKs carry a credential; the project token is looked for in each, and none of them goes upstream.
+TOKEN_HEADERS = (b"authorization", b"x-api-key", b"api-key", b"x-goog-api-key", b"xi-api-key")
+_TOKEN_SCHEMES = (b"bearer ", b"token ")
+HOP_BY_HOP = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-authenticate",
+        b"proxy-authorization",
+        b"proxy-connection",
+        b"te",
+        b"trailer",
+        b"transfer-encoding",
+        b"upgrade",
+    }
+)
+# Not sent upstream: credentials, cookies, the client's address, and what the transport sets itself.
+_DROPPED_REQUEST_HEADERS = (
+    HOP_BY_HOP
+    | frozenset(TOKEN_HEADERS)
+    | {
+        b"cookie",
+        b"host",
+        b"content-length",
+        b"forwarded",
+        b"x-real-ip",
+        b"true-client-ip",
+        b"cf-connecting-ip",
+        b"expect",
+    }
+)
+_DROPPED_RESPONSE_HEADERS = HOP_BY_HOP
+
+
+def find_project_token(headers: Headers) -> str | None:
+    """The first `cgp_` token in the headers SDKs use for credentials, with or without a scheme."""
+    for name, value in headers:
+        if name in TOKEN_HEADERS:
+            lowered = value[:7].lower()
+            for scheme in _TOKEN_SCHEMES:
+                if lowered.startswith(scheme):
+                    value = value[len(scheme) :]
+                    break
+            value = value.strip()
+            if value.startswith(b"cgp_"):
+                return value.decode("latin-1")
+    return None
+
+
+def split_target(raw_path: bytes) -> tuple[str, str]:
+    """`/proxy/<provider>/<endpoint>` → (provider, raw endpoint); the endpoint keeps its percent-encoding."""
+    rest = raw_path[len(b"/proxy/") :].decode("latin-1")
+    provider, _, endpoint = rest.partition("/")
+    return provider, endpoint
+
+
+def check_target(provider: str, raw_endpoint: str) -> tuple[str, ...]:
+    """The endpoint's decoded segments; BadRequest for a bad provider name or an endpoint that could leave
+    the integration's base path (dot segments, encoded separators, empty segments, absolute URLs)."""
+    if not PROVIDER_NAME.fullmatch(provider):
+        raise BadRequest("malformed provider name")
+    if not raw_endpoint:
+        raise BadRequest("empty endpoint")
+    segments = []
+    for raw in raw_endpoint.split("/"):
+        segment = unquote_to_bytes(raw)
+        if not segment or segment in (b".", b"..") or any(byte in segment for byte in b"/\\?#\x00"):
+            raise BadRequest("malformed endpoint")
+        segments.append(segment.decode("utf-8", "replace"))
+    return tuple(segments)
+
+
+def endpoint_allowed(method: str, segments: Sequence[str], endpoints: Iterable[Endpoint]) -> bool:
+    return any(
+        (endpoint.method == "*" or endpoint.method == method) and _path_matches(endpoint.path, segments)
+        for endpoint in endpoints
+    )
+
+
+def _path_matches(pattern: str, segments: Sequence[str]) -> bool:
+    parts = pattern.split("/")
+    for index, part in enumerate(parts):
+        if part == "**":
+            return len(segments) > index
+        if index >= len(segments) or (part != "*" and part != segments[index]):
+            return False
+    return len(parts) == len(segments)
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamRequest:
+    method: str
+    url: str  # already percent-encoded: sent exactly as written
+    headers: list[tuple[str, str]]
+
+
+Placement = tuple[list[tuple[str, str]], list[tuple[str, str]]]  # (headers, query parameters)
+
+
+def _bearer(spec: AuthSpec, key: str) -> Placement:
+    return [("Authorization", f"Bearer {key}")], []
+
+
+def _header(spec: AuthSpec, key: str) -> Placement:
+    return [(spec.name, f"{spec.prefix}{key}")], []  # type: ignore[union-attr]
+
+
+def _query(spec: AuthSpec, key: str) -> Placement:
+    return [], [(spec.name, key)]  # type: ignore[union-attr]
+
+
+def _basic(spec: AuthSpec, key: str) -> Placement:
+    return [("Authorization", "Basic " + base64.b64encode(key.encode()).decode())], []
+
+
+# Resolved once per request by the auth method's name: no chain of ifs on the hot path.
+PLACEMENTS: dict[str, Callable[[AuthSpec, str], Placement]] = {
+    "bearer": _bearer,
+    "header": _header,
+    "query": _query,
+    "basic": _basic,
+}
+
+
+def plan_upstream(
+    *,
+    method: str,
+    raw_endpoint: str,
+    query_string: bytes,
+    headers: Headers,
+    integration: ResolvedIntegration,
+    credential: Secret,
+) -> UpstreamRequest:
+    """The upstream request: the client's end-to-end headers and query, the integration's defaults where the
+    client sent none, and the credential placed exactly once by the auth method."""
+    placed_headers, placed_query = PLACEMENTS[integration.auth.method](integration.auth, credential.reveal())
+    connection_named = {
+        token.strip().lower().encode()
+        for name, value in headers
+        if name == b"connection"
+        for token in value.decode("latin-1").split(",")
+    }
+    overridden = {name.lower().encode() for name, _ in placed_headers}
+    upstream_headers = [
+        (name.decode("latin-1"), value.decode("latin-1"))
+        for name, value in headers
+        if name not in _DROPPED_REQUEST_HEADERS
+        and name not in connection_named
+        and name not in overridden
+        and not name.startswith(b"x-forwarded-")
+    ]
+    sent = {name.lower() for name, _ in upstream_headers}
+    upstream_headers += [(name, value) for name, value in integration.headers.items() if name.lower() not in sent]
+    upstream_headers += placed_headers
+    url = f"{integration.base_url}/{raw_endpoint}"
+    query = _merge_query(query_string, integration.query, placed_query)
+    return UpstreamRequest(method=method, url=f"{url}?{query}" if query else url, headers=upstream_headers)
+
+
+def _merge_query(client: bytes, defaults: dict[str, str], placed: list[tuple[str, str]]) -> str:
+    """The client's query verbatim, then defaults it did not set, then the credential (replacing any copy)."""
+    replaced = {name for name, _ in placed}
+    kept = [pair for pair in client.decode("latin-1").split("&") if pair and _query_name(pair) not in replaced]
+    sent = {_query_name(pair) for pair in kept}
+    kept += [_encode_pair(name, value) for name, value in defaults.items() if name not in sent and name not in replaced]
+    kept += [_encode_pair(name, value) for name, value in placed]
+    return "&".join(kept)
+
+
+def _query_name(pair: str) -> str:
+    return unquote_to_bytes(pair.partition("=")[0].replace("+", " ")).decode("utf-8", "replace")
+
+
+def _encode_pair(name: str, value: str) -> str:
+    return f"{quote(name, safe='')}={quote(value, safe='')}"
+
+
+def response_headers(raw: Iterable[tuple[bytes, bytes]]) -> Headers:
+    """The upstream's end-to-end headers; framing is the server's own business, not relayed."""
+    pairs = list(raw)
+    connection_named = {
+        token.strip().lower().encode()
+        for name, value in pairs
+        if name.lower() == b"connection"
+        for token in value.decode("latin-1").split(",")
+    }
+    return [
+        (name, value)
+        for name, value in pairs
+        if (lowered := name.lower()) not in _DROPPED_RESPONSE_HEADERS and lowered not in connection_named
+    ]

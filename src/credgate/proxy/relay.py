@@ -1,0 +1,349 @@
+"""Relay: the I/O half of the data plane, a raw ASGI app. Settles everything before the first byte
+(token, integration, key, limits, upstream response headers), then streams the upstream's bytes back
+exactly as received. After `http.response.start` an error can only abort the response.
+"""
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+
+import aiohttp
+from starlette.types import Receive, Scope, Send
+from yarl import URL
+
+from credgate.config import Settings
+from credgate.error_responses import ERROR_HEADER, error_body
+from credgate.errors import (
+    BadGateway,
+    Forbidden,
+    GatewayTimeout,
+    NotFound,
+    PayloadTooLarge,
+    RateLimited,
+    ServiceError,
+    Unauthorized,
+    Unavailable,
+)
+from credgate.proxy.limits import RateLimiter, retry_after_header
+from credgate.proxy.plan import (
+    check_target,
+    endpoint_allowed,
+    find_project_token,
+    plan_upstream,
+    response_headers,
+    split_target,
+)
+from credgate.services.access import Access, ResolvedIntegration, resolve_access
+from credgate.services.context import Context
+from credgate.services.usage import KEPT_BODY_BYTES, ProxiedRequest, UsageRecorder
+from credgate.specs import METHODS
+
+logger = logging.getLogger(__name__)
+UNAUTHORIZED_MESSAGE = "invalid project token or expired authentication"
+_JSON_ERROR_HEADERS = [(b"content-type", b"application/json"), (ERROR_HEADER.encode(), b"true")]
+
+
+class _BodyProblem(Exception):
+    """The client's body could not be relayed."""
+
+
+class _BodyTooLarge(_BodyProblem):
+    pass
+
+
+class _ClientGone(_BodyProblem):
+    pass
+
+
+def create_http_session(*, max_connections: int = 1000) -> aiohttp.ClientSession:
+    """The outbound client: raw bytes both ways, no redirects, no headers of its own."""
+    connector = aiohttp.TCPConnector(
+        limit=max_connections, limit_per_host=0, ttl_dns_cache=10, enable_cleanup_closed=True
+    )
+    return aiohttp.ClientSession(
+        connector=connector,
+        auto_decompress=False,
+        skip_auto_headers=("User-Agent", "Accept-Encoding", "Content-Type"),
+        timeout=aiohttp.ClientTimeout(total=None, sock_connect=30),
+        cookie_jar=aiohttp.DummyCookieJar(),
+        trust_env=False,
+    )
+
+
+class ProxyApp:
+    """`/proxy/<provider>/<endpoint>`: authenticate, check, inject, forward, stream back, record."""
+
+    def __init__(
+        self,
+        ctx: Context,
+        settings: Settings,
+        session: aiohttp.ClientSession,
+        recorder: UsageRecorder,
+        *,
+        max_in_flight: int = 1000,
+        client_idle_seconds: float = 60.0,
+        upstream_idle_seconds: float = 300.0,
+    ) -> None:
+        self.ctx = ctx
+        self.session = session
+        self.recorder = recorder
+        self.max_request_bytes = settings.max_request_bytes
+        self.max_in_flight = max_in_flight
+        self.client_idle_seconds = client_idle_seconds
+        self.upstream_idle_seconds = upstream_idle_seconds
+        self.rate_limiter = RateLimiter()
+        self.in_flight = 0
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.in_flight >= self.max_in_flight:
+            await _send_error(send, Unavailable("gateway overloaded; retry later"))
+            return
+        self.in_flight += 1
+        try:
+            await self._serve(scope, receive, send)
+        finally:
+            self.in_flight -= 1
+
+    async def _serve(self, scope: Scope, receive: Receive, send: Send) -> None:
+        started = time.perf_counter()
+        raw_path: bytes = scope.get("raw_path") or scope["path"].encode()
+        provider, raw_endpoint = split_target(raw_path)
+        try:
+            access = await self._authenticate(scope, provider)
+        except ServiceError as error:
+            await _send_error(send, error)
+            return
+        record = ProxiedRequest(
+            at=datetime.now(UTC),
+            project_id=access.project_id,
+            token_hash=access.token_hash,
+            request_id=scope["state"]["request_id"],
+            method=scope["method"],
+            provider=provider,
+            endpoint=raw_endpoint,
+        )
+        try:
+            integration = self._authorize(scope, access, provider, raw_endpoint)
+            await self._relay(scope, receive, send, integration, raw_endpoint, record)
+        except ServiceError as error:
+            record.status = error.status
+            await _send_error(send, error)
+        finally:
+            record.duration_ms = (time.perf_counter() - started) * 1000
+            self.recorder.record(record)
+
+    async def _authenticate(self, scope: Scope, provider: str) -> Access:
+        token = find_project_token(scope["headers"])
+        if token is None:
+            raise Unauthorized(UNAUTHORIZED_MESSAGE)
+        try:
+            access = await resolve_access(self.ctx, token=token, provider=provider)
+        except Exception:
+            logger.exception("token lookup failed for request %s", scope["state"]["request_id"])
+            raise Unavailable(f"storage unavailable (request id {scope['state']['request_id']})") from None
+        if access is None:
+            raise Unauthorized(UNAUTHORIZED_MESSAGE)
+        return access
+
+    def _authorize(self, scope: Scope, access: Access, provider: str, raw_endpoint: str) -> ResolvedIntegration:
+        """The contract's checks after the token, in its order: 400, 404, 403, 413, 429."""
+        segments = check_target(provider, raw_endpoint)
+        integration = access.integration
+        if integration is None:
+            raise NotFound(f"this project has no integration {provider}")
+        if not integration.enabled:
+            raise Forbidden(f"integration {provider} is disabled")
+        if integration.credential is None:
+            raise Forbidden(f"the provider key of {provider} is revoked; set a new key")
+        method: str = scope["method"]
+        if method not in METHODS or not endpoint_allowed(method, segments, integration.endpoints):
+            raise Forbidden(f"{method} {'/'.join(segments)} is not an enabled endpoint of {provider}")
+        length = _content_length(scope["headers"])
+        if length is not None and length > self.max_request_bytes:
+            raise PayloadTooLarge(f"request body over the limit of {self.max_request_bytes} bytes")
+        if access.rate_limit_per_minute is not None:
+            wait = self.rate_limiter.acquire(access.project_id, access.rate_limit_per_minute)
+            if wait:
+                raise RateLimited(
+                    f"rate limit of {access.rate_limit_per_minute} requests per minute exceeded",
+                    headers={"Retry-After": retry_after_header(wait)},
+                )
+        return integration
+
+    async def _relay(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        integration: ResolvedIntegration,
+        raw_endpoint: str,
+        record: ProxiedRequest,
+    ) -> None:
+        if integration.credential is None:  # checked in _authorize; kept for the type checker
+            raise Forbidden(f"the provider key of {integration.provider} is revoked; set a new key")
+        plan = plan_upstream(
+            method=scope["method"],
+            raw_endpoint=raw_endpoint,
+            query_string=scope.get("query_string", b""),
+            headers=scope["headers"],
+            integration=integration,
+            credential=integration.credential,
+        )
+        body = RequestBody(receive, limit=self.max_request_bytes, idle_seconds=self.client_idle_seconds)
+        headers = plan.headers
+        try:
+            data = await body.first()
+            length = _content_length(scope["headers"])
+            if not isinstance(data, bytes) and length is not None:
+                headers = [*headers, ("Content-Length", str(length))]
+            async with asyncio.timeout(integration.timeout_seconds):
+                response = await self.session.request(
+                    plan.method, URL(plan.url, encoded=True), headers=headers, data=data, allow_redirects=False
+                )
+        except (_BodyProblem, aiohttp.ClientError, OSError, ValueError) as error:
+            # aiohttp wraps what the body generator raised, so the body's own state says what happened.
+            record.request_bytes = body.received
+            if body.problem is not None:
+                return await self._body_failed(send, body.problem, record)
+            if isinstance(error, TimeoutError) and not isinstance(error, aiohttp.ConnectionTimeoutError):
+                raise GatewayTimeout(f"{integration.provider} did not answer in time") from None
+            logger.warning(
+                "upstream %s unreachable for request %s: %s",
+                integration.provider,
+                record.request_id,
+                type(error).__name__,
+            )
+            raise BadGateway(f"{integration.provider} could not be reached") from None
+        record.request_bytes = body.received
+        try:
+            await self._stream_response(response, receive, send, record, watch_client=body.complete)
+        finally:
+            response.release()
+
+    async def _body_failed(self, send: Send, problem: "_BodyProblem", record: ProxiedRequest) -> None:
+        if isinstance(problem, _BodyTooLarge):
+            raise PayloadTooLarge(f"request body over the limit of {self.max_request_bytes} bytes")
+        record.status = 499  # the client left, or went silent, before its request was complete
+
+    async def _stream_response(
+        self,
+        response: aiohttp.ClientResponse,
+        receive: Receive,
+        send: Send,
+        record: ProxiedRequest,
+        *,
+        watch_client: bool,
+    ) -> None:
+        headers = response_headers(response.raw_headers)
+        content_type = response.headers.get("Content-Type", "")
+        if content_type.startswith("text/event-stream") and "X-Accel-Buffering" not in response.headers:
+            headers.append((b"x-accel-buffering", b"no"))  # so a front proxy does not hold events back
+        record.status = response.status
+        record.content_type = content_type
+        await send({"type": "http.response.start", "status": response.status, "headers": headers})
+        content = response.content
+        watcher: asyncio.Task[None] | None = None
+        kept = 0
+        try:
+            while True:
+                async with asyncio.timeout(self.upstream_idle_seconds):
+                    chunk = await content.readany()
+                done = content.at_eof()
+                if chunk:
+                    record.response_bytes += len(chunk)
+                    if kept < KEPT_BODY_BYTES:
+                        record.head.append(chunk)
+                        kept += len(chunk)
+                    else:
+                        record.tail.append(chunk)
+                await send({"type": "http.response.body", "body": chunk, "more_body": not done})
+                if done:
+                    return
+                if watcher is None and watch_client:  # a body in several pieces: notice a client that leaves
+                    watcher = asyncio.create_task(_close_on_disconnect(receive, response))
+        except (aiohttp.ClientError, OSError, TimeoutError) as error:
+            # The response has started: it can only be cut short, never ended as if complete.
+            logger.warning(
+                "upstream broke the response of request %s after %d bytes: %s",
+                record.request_id,
+                record.response_bytes,
+                type(error).__name__,
+            )
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+
+
+async def _close_on_disconnect(receive: Receive, response: aiohttp.ClientResponse) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    response.close()  # frees the upstream connection at once; the relay loop then ends
+
+
+class RequestBody:
+    """The client's body as the upstream reads it: whole when it came in one piece, else streamed,
+    counted against the limit and the client's idle time either way."""
+
+    def __init__(self, receive: Receive, *, limit: int, idle_seconds: float) -> None:
+        self._receive = receive
+        self._limit = limit
+        self._idle = idle_seconds
+        self.received = 0
+        self.complete = False
+        self.problem: _BodyProblem | None = None
+
+    async def _next(self) -> tuple[bytes, bool]:
+        try:
+            async with asyncio.timeout(self._idle):
+                message = await self._receive()
+        except TimeoutError:
+            self.problem = _ClientGone()
+            raise self.problem from None
+        if message["type"] == "http.disconnect":
+            self.problem = _ClientGone()
+            raise self.problem
+        chunk: bytes = message.get("body", b"")
+        self.received += len(chunk)
+        if self.received > self._limit:
+            self.problem = _BodyTooLarge()
+            raise self.problem
+        more = bool(message.get("more_body", False))
+        self.complete = not more
+        return chunk, more
+
+    async def first(self) -> bytes | AsyncIterator[bytes] | None:
+        chunk, more = await self._next()
+        if not more:
+            return chunk or None
+        return self._rest(chunk)
+
+    async def _rest(self, first: bytes) -> AsyncIterator[bytes]:
+        yield first
+        more = True
+        while more:
+            chunk, more = await self._next()
+            if chunk:
+                yield chunk
+
+
+def _content_length(headers: list[tuple[bytes, bytes]]) -> int | None:
+    for name, value in headers:
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+async def _send_error(send: Send, error: ServiceError) -> None:
+    body = error_body(error.status, error.message)
+    headers = [
+        *_JSON_ERROR_HEADERS,
+        (b"content-length", str(len(body)).encode()),
+        *((name.lower().encode(), value.encode()) for name, value in error.headers.items()),
+    ]
+    await send({"type": "http.response.start", "status": error.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

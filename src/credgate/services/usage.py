@@ -1,0 +1,169 @@
+"""Usage: a record of every proxied request, written in batches off the hot path; token counts are read
+from the response's `usage` object (JSON, or the SSE events that carry one) after the response has gone."""
+
+import asyncio
+import json
+import logging
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from credgate.errors import InvalidInput
+from credgate.services.context import Context
+from credgate.services.projects import require_project
+from credgate.storage import UsageRow
+from credgate.storage.models import RequestRecord
+
+logger = logging.getLogger(__name__)
+KEPT_BODY_BYTES = 64 * 1024  # the head and the tail of a response body kept for token counts
+_TOKEN_TOUCH_RESOLUTION = timedelta(minutes=1)
+
+
+@dataclass(slots=True)
+class ProxiedRequest:
+    """What the proxy tells the recorder about one request; `head` and `tail` are body bytes, not copies."""
+
+    at: datetime
+    project_id: str
+    token_hash: str
+    request_id: str
+    method: str
+    provider: str
+    endpoint: str
+    status: int = 0
+    duration_ms: float = 0.0
+    request_bytes: int = 0
+    response_bytes: int = 0
+    content_type: str = ""
+    head: list[bytes] = field(default_factory=list)
+    tail: deque[bytes] = field(default_factory=lambda: deque(maxlen=16))
+
+
+def _usage_of(document: object) -> tuple[int | None, int | None]:
+    usage = document.get("usage") if isinstance(document, dict) else None
+    if not isinstance(usage, dict):
+        message = document.get("message") if isinstance(document, dict) else None  # Anthropic message_start
+        usage = message.get("usage") if isinstance(message, dict) else None
+        if not isinstance(usage, dict):
+            return None, None
+    prompt = usage.get("prompt_tokens", usage.get("input_tokens"))
+    completion = usage.get("completion_tokens", usage.get("output_tokens"))
+    return (prompt if isinstance(prompt, int) else None, completion if isinstance(completion, int) else None)
+
+
+def extract_tokens(content_type: str, head: bytes, tail: bytes) -> tuple[int | None, int | None]:
+    """Prompt and completion tokens of a response, from its JSON body or its server-sent events."""
+    if content_type.startswith("application/json"):
+        try:
+            return _usage_of(json.loads(head))
+        except ValueError:
+            return None, None
+    if content_type.startswith("text/event-stream"):
+        prompt = completion = None
+        for chunk in (head, tail):
+            for line in chunk.split(b"\n"):
+                if not line.startswith(b"data:"):
+                    continue
+                try:
+                    found_prompt, found_completion = _usage_of(json.loads(line[5:]))
+                except ValueError:
+                    continue
+                prompt = found_prompt if found_prompt is not None else prompt
+                completion = found_completion if found_completion is not None else completion
+        return prompt, completion
+    return None, None
+
+
+def _record_of(request: ProxiedRequest) -> RequestRecord:
+    head = b"".join(request.head)
+    tail = b"".join(request.tail) if request.response_bytes > len(head) else b""
+    prompt, completion = extract_tokens(request.content_type, head, tail)
+    return RequestRecord(
+        at=request.at,
+        project_id=request.project_id,
+        request_id=request.request_id,
+        method=request.method,
+        provider=request.provider,
+        endpoint=request.endpoint[:2048],
+        status=request.status,
+        duration_ms=round(request.duration_ms, 3),
+        request_bytes=request.request_bytes,
+        response_bytes=request.response_bytes,
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+    )
+
+
+class UsageRecorder:
+    """Collects proxied requests in memory and writes them in batches; never blocks the proxy.
+
+    When the database cannot keep up, the oldest pending records are dropped (and counted) rather than
+    letting memory grow or requests wait.
+    """
+
+    def __init__(self, ctx: Context, *, max_pending: int = 50_000, flush_seconds: float = 0.25) -> None:
+        self._ctx = ctx
+        self._pending: deque[ProxiedRequest] = deque(maxlen=max_pending)
+        self._flush_seconds = flush_seconds
+        self._token_touched: dict[str, datetime] = {}
+        self.dropped = 0
+
+    def record(self, request: ProxiedRequest) -> None:
+        if len(self._pending) == self._pending.maxlen:
+            self.dropped += 1
+        self._pending.append(request)
+
+    async def run(self) -> None:
+        """Flush until cancelled; a final flush happens on cancellation."""
+        try:
+            while True:
+                await asyncio.sleep(self._flush_seconds)
+                await self.flush()
+        finally:
+            await asyncio.shield(self.flush())
+
+    async def flush(self) -> None:
+        batch = [self._pending.popleft() for _ in range(len(self._pending))]
+        if not batch:
+            return
+        try:
+            records = [_record_of(request) for request in batch]
+            touched = self._tokens_to_touch(batch)
+            async with self._ctx.database.transaction() as repo:
+                repo.add_all(records)
+                if touched:
+                    await repo.touch_project_tokens(touched, at=self._ctx.clock())
+        except Exception:
+            logger.exception("could not write %d request records", len(batch))
+
+    def _tokens_to_touch(self, batch: Sequence[ProxiedRequest]) -> list[str]:
+        now = self._ctx.clock()
+        touched = []
+        for token_hash in {request.token_hash for request in batch}:
+            last = self._token_touched.get(token_hash)
+            if last is None or now - last > _TOKEN_TOUCH_RESOLUTION:
+                self._token_touched[token_hash] = now
+                touched.append(token_hash)
+        if len(self._token_touched) > 100_000:
+            self._token_touched.clear()
+        return touched
+
+
+async def list_request_records(ctx: Context, *, project_id: str, limit: int = 100) -> Sequence[RequestRecord]:
+    async with ctx.database.transaction(write=False) as repo:
+        await require_project(repo, project_id)
+        return await repo.list_request_records(project_id, limit=limit)
+
+
+async def summarize_usage(
+    ctx: Context, *, project_id: str, since: datetime | None, until: datetime | None, group_by: str | None
+) -> tuple[datetime, datetime, Sequence[UsageRow]]:
+    """Totals of requests, errors and tokens; by default over the last 30 days."""
+    until = until or ctx.clock()
+    since = since or until - timedelta(days=30)
+    if since >= until:
+        raise InvalidInput("since", "must be before until")
+    async with ctx.database.transaction(write=False) as repo:
+        await require_project(repo, project_id)
+        return since, until, await repo.usage_totals(project_id, since=since, until=until, group_by=group_by)
