@@ -11,6 +11,8 @@ import json
 import logging
 import sys
 from collections.abc import Awaitable, Callable, Coroutine
+from datetime import timedelta
+from types import EllipsisType
 from typing import Any, TypeVar
 
 import click
@@ -29,6 +31,8 @@ from credgate.admin_api.schemas import (
     IntegrationPatchIn,
     ProjectOut,
     ProjectSecretOut,
+    RequestRecordOut,
+    UsageOut,
 )
 from credgate.app import create_app
 from credgate.catalog import builtin_templates
@@ -36,7 +40,7 @@ from credgate.config import Settings
 from credgate.crypto import encode_master_key, new_master_key
 from credgate.error_responses import validation_message
 from credgate.errors import Conflict, InvalidInput, NotFound, ServiceError, StartupError
-from credgate.services import admins, audit, integrations, master_keys, projects
+from credgate.services import admins, audit, integrations, master_keys, projects, usage
 from credgate.services.bootstrap import open_context
 from credgate.services.context import Context
 from credgate.specs import AuthSpec, Endpoint
@@ -242,13 +246,52 @@ def projects_show(settings: Settings, project_id: str) -> None:
     _print(ProjectOut.of(_run(settings, lambda ctx: projects.get_project(ctx, project_id=project_id))))
 
 
-@projects_group.command("rename")
+@projects_group.command("update")
 @click.argument("project_id")
-@click.argument("name")
+@click.option("--name", help="A new name.")
+@click.option("--rate-limit", type=click.IntRange(1, 1_000_000), help="Requests per minute through the proxy.")
+@click.option("--no-rate-limit", is_flag=True, help="Turn the rate limit off.")
 @pass_settings
-def projects_rename(settings: Settings, project_id: str, name: str) -> None:
-    project = _run(settings, lambda ctx: projects.rename_project(ctx, project_id=project_id, name=name, actor=_actor()))
+def projects_update(
+    settings: Settings, project_id: str, name: str | None, rate_limit: int | None, no_rate_limit: bool
+) -> None:
+    """Rename a project or set its rate limit."""
+    if rate_limit is not None and no_rate_limit:
+        _fail("--rate-limit and --no-rate-limit exclude each other", 2)
+    limit: int | EllipsisType | None = None if no_rate_limit else (rate_limit if rate_limit is not None else ...)
+    changes = projects.ProjectChanges(name=name, rate_limit_per_minute=limit)
+    project = _run(
+        settings, lambda ctx: projects.update_project(ctx, project_id=project_id, changes=changes, actor=_actor())
+    )
     _print(ProjectOut.of(project))
+
+
+@projects_group.command("requests")
+@click.argument("project_id")
+@click.option("--limit", type=click.IntRange(1, 1000), default=50, show_default=True)
+@pass_settings
+def projects_requests(settings: Settings, project_id: str, limit: int) -> None:
+    """The project's recent proxied requests, newest first."""
+    records = _run(settings, lambda ctx: usage.list_request_records(ctx, project_id=project_id, limit=limit))
+    _print([RequestRecordOut.of(record) for record in records])
+
+
+@projects_group.command("usage")
+@click.argument("project_id")
+@click.option("--group-by", type=click.Choice(["provider", "day"]))
+@click.option("--days", type=click.IntRange(1, 3650), default=30, show_default=True, help="How far back.")
+@pass_settings
+def projects_usage(settings: Settings, project_id: str, group_by: str | None, days: int) -> None:
+    """Totals of requests, errors and tokens."""
+
+    async def work(ctx: Context) -> UsageOut:
+        until = ctx.clock()
+        since, until, rows = await usage.summarize_usage(
+            ctx, project_id=project_id, since=until - timedelta(days=days), until=until, group_by=group_by
+        )
+        return UsageOut.of(since, until, group_by, rows)
+
+    _print(_run(settings, work))
 
 
 @projects_group.command("delete")

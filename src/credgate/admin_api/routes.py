@@ -1,6 +1,7 @@
 """Admin API routes: each authenticates the admin, calls one service, and answers an `…Out` schema."""
 
-from typing import Annotated
+from datetime import datetime
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -17,12 +18,14 @@ from credgate.admin_api.schemas import (
     ProjectOut,
     ProjectPatchIn,
     ProjectSecretOut,
+    RequestRecordOut,
     TokenRotateIn,
+    UsageOut,
     actor_of,
 )
 from credgate.catalog import Template
-from credgate.errors import Unauthorized
-from credgate.services import admins, audit, integrations, projects
+from credgate.errors import InvalidInput, Unauthorized
+from credgate.services import admins, audit, integrations, projects, usage
 from credgate.services.context import Context
 
 router = APIRouter(prefix="/api/v1")
@@ -73,7 +76,11 @@ async def get_project(project_id: str, ctx: ContextDep, _actor: Actor) -> Projec
 
 @router.patch("/projects/{project_id}")
 async def update_project(project_id: str, body: ProjectPatchIn, ctx: ContextDep, actor: Actor) -> ProjectOut:
-    return ProjectOut.of(await projects.rename_project(ctx, project_id=project_id, name=body.name, actor=actor))
+    changes = projects.ProjectChanges(
+        name=body.name,
+        rate_limit_per_minute=body.rate_limit_per_minute if "rate_limit_per_minute" in body.model_fields_set else ...,
+    )
+    return ProjectOut.of(await projects.update_project(ctx, project_id=project_id, changes=changes, actor=actor))
 
 
 @router.delete("/projects/{project_id}", status_code=204)
@@ -188,6 +195,32 @@ async def revoke_provider_key(project_id: str, provider: str, ctx: ContextDep, a
 
 
 # records
+
+
+@router.get("/projects/{project_id}/requests")
+async def list_requests(
+    project_id: str, ctx: ContextDep, _actor: Actor, limit: Annotated[int, Query(ge=1, le=1000)] = 100
+) -> ItemsOut[RequestRecordOut]:
+    records = await usage.list_request_records(ctx, project_id=project_id, limit=limit)
+    return ItemsOut(items=[RequestRecordOut.of(record) for record in records])
+
+
+@router.get("/projects/{project_id}/usage")
+async def get_usage(
+    project_id: str,
+    ctx: ContextDep,
+    _actor: Actor,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    group_by: Literal["provider", "day"] | None = None,
+) -> UsageOut:
+    for name, value in (("since", since), ("until", until)):
+        if value is not None and value.tzinfo is None:
+            raise InvalidInput(name, "must be an RFC 3339 time with a zone offset")
+    since, until, rows = await usage.summarize_usage(
+        ctx, project_id=project_id, since=since, until=until, group_by=group_by
+    )
+    return UsageOut.of(since, until, group_by, rows)
 
 
 @router.get("/audit")

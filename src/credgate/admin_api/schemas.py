@@ -1,6 +1,7 @@
 """Admin API schemas: `…In` is what a caller sends, `…Out` what it gets. Built from rows field by field,
 so a secret can never be serialised by accident."""
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Annotated, Any, Generic, Literal, Self, TypeVar
 
@@ -8,7 +9,8 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from credgate.services.projects import current_token
 from credgate.specs import AuthSpec, BaseUrl, Endpoint, HeaderMap, ProviderName, QueryMap
-from credgate.storage.models import AdminToken, AuditEvent, Integration, Project, ProjectToken
+from credgate.storage import UsageRow
+from credgate.storage.models import AdminToken, AuditEvent, Integration, Project, ProjectToken, RequestRecord
 
 Name = Annotated[str, Field(min_length=1, max_length=200)]
 ApiKey = Annotated[SecretStr, Field(min_length=1, max_length=8192)]
@@ -32,7 +34,8 @@ class ProjectIn(In):
 
 
 class ProjectPatchIn(In):
-    name: Name
+    name: Name | None = None
+    rate_limit_per_minute: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
 
 
 class TokenRotateIn(In):
@@ -59,6 +62,7 @@ class TokenOut(BaseModel):
 class ProjectOut(BaseModel):
     id: str
     name: str
+    rate_limit_per_minute: int | None
     created_at: datetime
     token: TokenOut | None
 
@@ -68,6 +72,7 @@ class ProjectOut(BaseModel):
         return cls(
             id=project.id,
             name=project.name,
+            rate_limit_per_minute=project.rate_limit_per_minute,
             created_at=project.created_at,
             token=None if token is None else TokenOut.of(token),
         )
@@ -169,6 +174,79 @@ class AuditEventOut(BaseModel):
     def of(cls, event: AuditEvent) -> Self:
         return cls(
             at=event.at, actor=event.actor, action=event.action, project_id=event.project_id, provider=event.provider
+        )
+
+
+class RequestRecordOut(BaseModel):
+    at: datetime
+    request_id: str
+    method: str
+    provider: str
+    endpoint: str
+    status: int
+    duration_ms: float
+    request_bytes: int
+    response_bytes: int
+    prompt_tokens: int | None
+    completion_tokens: int | None
+
+    @classmethod
+    def of(cls, record: RequestRecord) -> Self:
+        return cls(
+            at=record.at,
+            request_id=record.request_id,
+            method=record.method,
+            provider=record.provider,
+            endpoint=record.endpoint,
+            status=record.status,
+            duration_ms=record.duration_ms,
+            request_bytes=record.request_bytes,
+            response_bytes=record.response_bytes,
+            prompt_tokens=record.prompt_tokens,
+            completion_tokens=record.completion_tokens,
+        )
+
+
+class UsageTotalsOut(BaseModel):
+    requests: int
+    errors: int
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+    @classmethod
+    def of(cls, rows: Sequence[UsageRow]) -> Self:
+        prompt = sum(row.prompt_tokens for row in rows)
+        completion = sum(row.completion_tokens for row in rows)
+        return cls(
+            requests=sum(row.requests for row in rows),
+            errors=sum(row.errors for row in rows),
+            prompt_tokens=prompt,
+            completion_tokens=completion,
+            total_tokens=prompt + completion,
+        )
+
+
+class UsageGroupOut(UsageTotalsOut):
+    group: str
+
+
+class UsageOut(BaseModel):
+    since: datetime
+    until: datetime
+    group_by: Literal["provider", "day"] | None
+    totals: UsageTotalsOut
+    items: list[UsageGroupOut]
+
+    @classmethod
+    def of(cls, since: datetime, until: datetime, group_by: str | None, rows: Sequence[UsageRow]) -> Self:
+        groups = [UsageGroupOut(group=row.group, **UsageTotalsOut.of([row]).model_dump()) for row in rows]
+        return cls(
+            since=since,
+            until=until,
+            group_by=group_by,
+            totals=UsageTotalsOut.of(rows),
+            items=groups if group_by else [],
         )
 
 

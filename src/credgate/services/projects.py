@@ -1,7 +1,9 @@
 """Projects: the unit of isolation; each owns a project token and its integrations."""
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import timedelta
+from types import EllipsisType
 
 from credgate.crypto import generate_token, hash_token
 from credgate.errors import NotFound
@@ -60,10 +62,21 @@ async def get_project(ctx: Context, *, project_id: str) -> Project:
         return await require_project(repo, project_id)
 
 
-async def rename_project(ctx: Context, *, project_id: str, name: str, actor: str) -> Project:
+@dataclass(frozen=True, slots=True)
+class ProjectChanges:
+    """A partial update: None leaves `name` as it is; `...` leaves the rate limit, None turns it off."""
+
+    name: str | None = None
+    rate_limit_per_minute: int | EllipsisType | None = ...
+
+
+async def update_project(ctx: Context, *, project_id: str, changes: ProjectChanges, actor: str) -> Project:
     async with ctx.change(actor=actor, action="project.update", project_id=project_id) as repo:
         project = await require_project(repo, project_id)
-        project.name = name
+        if changes.name is not None:
+            project.name = changes.name
+        if not isinstance(changes.rate_limit_per_minute, EllipsisType):
+            project.rate_limit_per_minute = changes.rate_limit_per_minute
         project.updated_at = ctx.clock()
     return project
 
