@@ -41,7 +41,7 @@ def encode_master_key(key: bytes) -> str:
 def decode_master_key(text: str) -> bytes:
     text = text.strip()
     try:
-        key = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+        key = base64.b64decode(text + "=" * (-len(text) % 4), altchars=b"-_", validate=True)
     except ValueError:
         raise MasterKeyFormatError("a master key must be base64url") from None
     if len(key) != MASTER_KEY_BYTES:

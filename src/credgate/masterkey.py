@@ -40,7 +40,9 @@ def write_key_file(path: Path, keys: list[bytes]) -> None:
     """Write the key file atomically, readable by its owner only."""
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     temporary = path.with_name(path.name + ".tmp")
-    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    # A leftover temporary file would keep its own mode through O_CREAT; start from none.
+    temporary.unlink(missing_ok=True)
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(descriptor, "w") as file:
         file.write("".join(encode_master_key(key) + "\n" for key in keys))
         file.flush()

@@ -103,9 +103,8 @@ async def follow_changes(ctx: Context, *, interval: float) -> None:
         try:
             async with ctx.database.transaction(write=False) as repo:
                 marker = await repo.get_meta(CHANGE_MARKER)
-            if marker != seen:
-                if seen is not None:
-                    ctx.access.invalidate()
+            if marker != seen:  # the first read too: what was cached before it may predate a change
+                ctx.access.invalidate()
                 seen = marker
         except Exception:  # the next poll retries; the gateway keeps serving from what it knows
             logger.warning("could not read the change marker; retrying", exc_info=True)

@@ -1,5 +1,6 @@
 """Master keys: verify the configured key against the database, and rotate it while the gateway serves."""
 
+import asyncio
 import base64
 
 from credgate.config import Settings
@@ -32,12 +33,9 @@ def verify_key_check(keyring: KeyRing, check: str) -> None:
         ) from None
 
 
-async def reseal_all(ctx: Context, *, actor: str) -> int:
-    """Re-encrypt every secret not under the key ring's primary key; returns how many were resealed.
-
-    Batches commit one by one, so the gateway keeps serving; a row changed meanwhile is left as it is,
-    since the change sealed it under the newest key already.
-    """
+async def _reseal_pending(ctx: Context) -> int:
+    """Reseal until no secret is left under an older key. A row changed meanwhile is simply found again
+    by the next query (under whichever key its writer used), so a concurrent write is never skipped."""
     resealed = 0
     while True:
         ctx.keyring.refresh()
@@ -52,8 +50,20 @@ async def reseal_all(ctx: Context, *, actor: str) -> int:
                     key, ciphertext=ciphertext, master_key_id=primary, expected=key.ciphertext
                 ):
                     resealed += 1
-        if len(keys) < _BATCH:
-            break
+        if not keys:
+            return resealed
+
+
+async def reseal_all(ctx: Context, *, actor: str, settle_seconds: float = 1.0) -> int:
+    """Re-encrypt every secret not under the key ring's primary key; returns how many were resealed.
+
+    Batches commit one by one, so the gateway keeps serving. After a first clean pass it waits
+    `settle_seconds` and passes again, so a write that read the key ring just before the new key arrived,
+    and committed late, is resealed too before the old key can be dropped.
+    """
+    resealed = await _reseal_pending(ctx)
+    await asyncio.sleep(settle_seconds)
+    resealed += await _reseal_pending(ctx)
     async with ctx.database.transaction() as repo:
         await repo.set_meta(KEY_CHECK, seal_key_check(ctx.keyring))
         repo.add(AuditEvent(at=ctx.clock(), actor=actor, action="master_key.rotate"))
