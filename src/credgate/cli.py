@@ -106,7 +106,7 @@ def main(click_ctx: click.Context) -> None:
     try:
         click_ctx.obj = Settings()
     except ValidationError as error:
-        _fail(f"invalid configuration: {validation_message(list(error.errors()))}", 5)  # type: ignore[arg-type]
+        _fail(f"invalid configuration: {validation_message(list(error.errors()))}", 5)
 
 
 @main.command()
@@ -345,7 +345,7 @@ def _parse_auth(auth: str | None) -> AuthSpec | None:
     try:
         return _auth_adapter.validate_json(auth)
     except ValidationError as error:
-        _fail(f"--auth: {validation_message(list(error.errors()))}", 2)  # type: ignore[arg-type]
+        _fail(f"--auth: {validation_message(list(error.errors()))}", 2)
     raise AssertionError("unreachable")
 
 
@@ -402,7 +402,7 @@ def integrations_add(
     try:
         request = IntegrationIn.model_validate({name: value for name, value in fields.items() if value is not None})
     except ValidationError as error:
-        _fail(validation_message(list(error.errors())), 2)  # type: ignore[arg-type]
+        _fail(validation_message(list(error.errors())), 2)
 
     async def work(ctx: Context) -> Integration:
         integration, _created = await integrations.add_integration(
@@ -453,7 +453,7 @@ def integrations_update(
     try:
         patch = IntegrationPatchIn.model_validate({name: value for name, value in fields.items() if value is not None})
     except ValidationError as error:
-        _fail(validation_message(list(error.errors())), 2)  # type: ignore[arg-type]
+        _fail(validation_message(list(error.errors())), 2)
     changes = integrations.IntegrationChanges(**{name: getattr(patch, name) for name in patch.model_fields_set})
     found = _run(
         settings,
@@ -489,7 +489,7 @@ def integrations_set_endpoints(settings: Settings, project_id: str, provider: st
         try:
             parsed.append(Endpoint.model_validate({"method": method.upper(), "path": path.strip()}))
         except ValidationError as error:
-            _fail(f"endpoint {entry!r}: {validation_message(list(error.errors()))}", 2)  # type: ignore[arg-type]
+            _fail(f"endpoint {entry!r}: {validation_message(list(error.errors()))}", 2)
     found = _run(
         settings,
         lambda ctx: integrations.set_endpoints(

@@ -6,7 +6,9 @@ responses never pass through here.
 
 import json
 import logging
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -17,6 +19,8 @@ from credgate.errors import ServiceError
 
 logger = logging.getLogger(__name__)
 ERROR_HEADER = "x-credgate-error"
+# Our field and parameter names are short lowercase snake case; no provider key has that shape.
+_NAME = re.compile(r"[a-z_][a-z0-9_]{0,31}")
 _REASONS = {400: "bad request", 401: "unauthorized", 404: "not found", 405: "method not allowed"}
 
 
@@ -33,11 +37,15 @@ def error_response(status: int, message: str, headers: Mapping[str, str] | None 
     )
 
 
-def validation_message(errors: list[dict[str, object]]) -> str:
-    """Name each field and its problem; never the submitted value (it may be a key)."""
+def validation_message(errors: Sequence[Mapping[str, Any]]) -> str:
+    """Name each field and its problem, never a submitted value. A location part that does not look like one
+    of our names (a map's key, say, which could be a key pasted in the wrong place) is shown as `*`."""
     problems = []
     for error in errors:
-        location = [str(part) for part in error.get("loc", ()) if part != "body"]  # type: ignore[attr-defined]
+        location = list(error.get("loc", ()))
+        if location and location[0] in ("body", "query", "path", "header"):
+            location = location[1:]  # where FastAPI found it, not a field
+        location = [str(part) if isinstance(part, int) or _NAME.fullmatch(str(part)) else "*" for part in location]
         message = str(error.get("msg", "invalid")).removeprefix("Value error, ")
         problems.append(f"{'.'.join(location)}: {message}" if location else message)
     return "; ".join(problems)
