@@ -6,6 +6,7 @@ never from arguments (which other users can see in the process list). Exit codes
 """
 
 import asyncio
+import gc
 import getpass
 import json
 import logging
@@ -133,8 +134,10 @@ def serve(settings: Settings, host: str | None, port: int | None) -> None:
             date_header=False,
             log_config=None,
         )
+        server = uvicorn.Server(config)
+        asyncio.get_running_loop().call_later(1.0, gc.freeze)  # start-up objects out of the collector's way
         try:
-            await uvicorn.Server(config).serve()
+            await server.serve()
         finally:
             await ctx.database.dispose()
 

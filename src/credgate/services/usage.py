@@ -75,11 +75,11 @@ def extract_tokens(content_type: str, head: bytes, tail: bytes) -> tuple[int | N
     return None, None
 
 
-def _record_of(request: ProxiedRequest) -> RequestRecord:
+def _record_of(request: ProxiedRequest) -> dict[str, object]:
     head = b"".join(request.head)
     tail = b"".join(request.tail) if request.response_bytes > len(head) else b""
     prompt, completion = extract_tokens(request.content_type, head, tail)
-    return RequestRecord(
+    return dict(
         at=request.at,
         project_id=request.project_id,
         request_id=request.request_id,
@@ -102,7 +102,7 @@ class UsageRecorder:
     letting memory grow or requests wait.
     """
 
-    def __init__(self, ctx: Context, *, max_pending: int = 50_000, flush_seconds: float = 0.25) -> None:
+    def __init__(self, ctx: Context, *, max_pending: int = 20_000, flush_seconds: float = 0.25) -> None:
         self._ctx = ctx
         self._pending: deque[ProxiedRequest] = deque(maxlen=max_pending)
         self._flush_seconds = flush_seconds
@@ -131,7 +131,7 @@ class UsageRecorder:
             records = [_record_of(request) for request in batch]
             touched = self._tokens_to_touch(batch)
             async with self._ctx.database.transaction() as repo:
-                repo.add_all(records)
+                await repo.insert_request_records(records)
                 if touched:
                     await repo.touch_project_tokens(touched, at=self._ctx.clock())
         except Exception:

@@ -1,11 +1,11 @@
 """Repository: the queries of the domain, on one session inside one transaction."""
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import case, delete, func, literal, select, update
+from sqlalchemy import case, delete, func, insert, literal, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import selectinload
 
@@ -157,8 +157,9 @@ class Repository:
 
     # request records
 
-    def add_all(self, rows: Sequence[Base]) -> None:
-        self._session.add_all(rows)
+    async def insert_request_records(self, rows: Sequence[Mapping[str, object]]) -> None:
+        """One multi-row INSERT: no ORM objects on the proxy's event loop."""
+        await self._session.execute(insert(RequestRecord), list(rows))
 
     async def list_request_records(self, project_id: str, *, limit: int) -> Sequence[RequestRecord]:
         statement = (
