@@ -77,7 +77,8 @@ def wrk(url: str, script: Path, connections: int, duration: int) -> dict[str, fl
         return float(match.group(1)) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[match.group(2)]
 
     rps = re.search(r"Requests/sec:\s+([\d.]+)", output)
-    assert rps is not None
+    if rps is None:
+        raise RuntimeError(f"no Requests/sec in wrk output:\n{output}")
     return {"rps": float(rps.group(1)), "p50": millis("50%"), "p99": millis("99%")}
 
 

@@ -33,6 +33,7 @@ class Upstream(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport: asyncio.Transport = transport  # type: ignore[assignment]
         self.buffer = b""
+        self.streams: set[asyncio.Task[None]] = set()
 
     def data_received(self, data: bytes) -> None:
         self.buffer += data
@@ -49,7 +50,9 @@ class Upstream(asyncio.Protocol):
                 return
             self.buffer = self.buffer[end + 4 + length :]
             if head.startswith(b"get /v1/sse"):
-                asyncio.ensure_future(self._stream())
+                stream = asyncio.ensure_future(self._stream())
+                self.streams.add(stream)
+                stream.add_done_callback(self.streams.discard)
             else:
                 self.transport.write(CHAT_RESPONSE)
 
