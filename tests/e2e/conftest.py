@@ -50,7 +50,13 @@ def start_gateway(
     data_dir: Path, log: Path, extra_env: dict[str, str] | None = None
 ) -> tuple[subprocess.Popen[bytes], RunningGateway]:
     port = free_port()
-    env = {**os.environ, "CREDGATE_DATA_DIR": str(data_dir), "CREDGATE_LOG_LEVEL": "debug", **(extra_env or {})}
+    env = {
+        **os.environ,
+        "CREDGATE_DATA_DIR": str(data_dir),
+        "CREDGATE_LOG_LEVEL": "debug",
+        "CREDGATE_ALLOW_PRIVATE_UPSTREAMS": "true",  # the stand-in upstream is on loopback
+        **(extra_env or {}),
+    }
     env = {name: value for name, value in env.items() if not name.startswith("CREDGATE_TEST_")}
     with log.open("wb") as output:
         process = subprocess.Popen(
