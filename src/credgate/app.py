@@ -30,6 +30,7 @@ from credgate.storage import StorageUnavailable
 
 logger = logging.getLogger("credgate.access")
 REQUEST_ID_HEADER = b"x-request-id"
+CREDGATE_REQUEST_ID_HEADER = b"x-credgate-request-id"
 _READY_TIMEOUT_SECONDS = 2.0
 
 
@@ -53,7 +54,13 @@ class Gateway:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
-                message["headers"] = [*message.get("headers", ()), (REQUEST_ID_HEADER, request_id.encode())]
+                headers = list(message.get("headers", ()))
+                ours = request_id.encode()
+                headers.append((CREDGATE_REQUEST_ID_HEADER, ours))
+                # An upstream's own X-Request-Id (OpenAI's, for its support) is relayed unchanged, not doubled.
+                if not any(name.lower() == REQUEST_ID_HEADER for name, _ in headers):
+                    headers.append((REQUEST_ID_HEADER, ours))
+                message["headers"] = headers
             await send(message)
 
         path: str = scope["path"]

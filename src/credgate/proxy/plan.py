@@ -175,12 +175,16 @@ def plan_upstream(
 
 def _merge_query(client: bytes, defaults: dict[str, str], placed: list[tuple[str, str]]) -> str:
     """The client's query verbatim, then defaults it did not set, then the credential (replacing any copy)."""
+    query = client.decode("latin-1")
+    if not defaults and not placed:
+        return query  # the common case: exactly as received, empty pairs and all
     replaced = {name for name, _ in placed}
-    kept = [pair for pair in client.decode("latin-1").split("&") if pair and _query_name(pair) not in replaced]
-    sent = {_query_name(pair) for pair in kept}
-    kept += [_encode_pair(name, value) for name, value in defaults.items() if name not in sent and name not in replaced]
-    kept += [_encode_pair(name, value) for name, value in placed]
-    return "&".join(kept)
+    pairs = query.split("&") if query else []
+    kept = [pair for pair in pairs if not pair or _query_name(pair) not in replaced]
+    sent = {_query_name(pair) for pair in kept if pair}
+    added = [_encode_pair(name, value) for name, value in defaults.items() if name not in sent | replaced]
+    added += [_encode_pair(name, value) for name, value in placed]
+    return "&".join(kept + added)
 
 
 def _query_name(pair: str) -> str:

@@ -62,7 +62,7 @@ def create_http_session(*, max_connections: int = 1000) -> aiohttp.ClientSession
     connector = aiohttp.TCPConnector(
         limit=max_connections, limit_per_host=0, ttl_dns_cache=10, enable_cleanup_closed=True
     )
-    return aiohttp.ClientSession(
+    session = aiohttp.ClientSession(
         connector=connector,
         auto_decompress=False,
         skip_auto_headers=("User-Agent", "Accept-Encoding", "Content-Type"),
@@ -70,6 +70,10 @@ def create_http_session(*, max_connections: int = 1000) -> aiohttp.ClientSession
         cookie_jar=aiohttp.DummyCookieJar(),
         trust_env=False,
     )
+    # aiohttp resends an idempotent request when a reused connection drops before the answer; a gateway must
+    # not (the upstream may have acted on it). No public switch exists; its own test utilities set this one.
+    session._retry_connection = False
+    return session
 
 
 class ProxyApp:
@@ -129,7 +133,7 @@ class ProxyApp:
             await self._relay(scope, receive, send, integration, raw_endpoint, record)
         except ServiceError as error:
             record.status = error.status
-            await _send_error(send, error)
+            record.response_bytes = await _send_error(send, error)
         finally:
             record.duration_ms = (time.perf_counter() - started) * 1000
             self.recorder.record(record)
@@ -193,8 +197,11 @@ class ProxyApp:
         )
         body = RequestBody(receive, limit=self.max_request_bytes, idle_seconds=self.client_idle_seconds)
         headers = plan.headers
+        watch = ClientWatch(receive)
         try:
             data = await body.first()
+            if body.complete:  # the rest of receive() now only reports a client that leaves
+                watch.start()
             length = _content_length(scope["headers"])
             if not isinstance(data, bytes) and length is not None:
                 headers = [*headers, ("Content-Length", str(length))]
@@ -202,7 +209,14 @@ class ProxyApp:
                 response = await self.session.request(
                     plan.method, URL(plan.url, encoded=True), headers=headers, data=data, allow_redirects=False
                 )
+        except asyncio.CancelledError:
+            watch.stop()
+            if watch.absorb_cancellation():
+                record.status = 499  # the client left before the upstream answered; the request is abandoned
+                return
+            raise
         except (_BodyProblem, aiohttp.ClientError, OSError, ValueError) as error:
+            watch.stop()
             # aiohttp wraps what the body generator raised, so the body's own state says what happened.
             record.request_bytes = body.received
             if body.problem is not None:
@@ -218,9 +232,14 @@ class ProxyApp:
             raise BadGateway(f"{integration.provider} could not be reached") from None
         record.request_bytes = body.received
         try:
-            await self._stream_response(response, receive, send, record, watch_client=body.complete)
+            await self._stream_response(response, send, record, watch)
+        except asyncio.CancelledError:
+            if not watch.absorb_cancellation():
+                raise
+            logger.info("client left request %s after %d bytes", record.request_id, record.response_bytes)
         finally:
-            response.release()
+            watch.stop()
+            response.release()  # or closes it, when its body was not read to the end
 
     async def _body_failed(self, send: Send, problem: "_BodyProblem", record: ProxiedRequest) -> None:
         if isinstance(problem, _BodyTooLarge):
@@ -228,13 +247,7 @@ class ProxyApp:
         record.status = 499  # the client left, or went silent, before its request was complete
 
     async def _stream_response(
-        self,
-        response: aiohttp.ClientResponse,
-        receive: Receive,
-        send: Send,
-        record: ProxiedRequest,
-        *,
-        watch_client: bool,
+        self, response: aiohttp.ClientResponse, send: Send, record: ProxiedRequest, watch: "ClientWatch"
     ) -> None:
         headers = response_headers(response.raw_headers)
         content_type = response.headers.get("Content-Type", "")
@@ -244,13 +257,13 @@ class ProxyApp:
         record.content_type = content_type
         await send({"type": "http.response.start", "status": response.status, "headers": headers})
         content = response.content
-        watcher: asyncio.Task[None] | None = None
         kept = 0
         try:
             while True:
                 async with asyncio.timeout(self.upstream_idle_seconds):
                     chunk = await content.readany()
                 done = content.at_eof()
+                watch.finishing = done
                 if chunk:
                     record.response_bytes += len(chunk)
                     if kept < KEPT_BODY_BYTES:
@@ -261,8 +274,6 @@ class ProxyApp:
                 await send({"type": "http.response.body", "body": chunk, "more_body": not done})
                 if done:
                     return
-                if watcher is None and watch_client:  # a body in several pieces: notice a client that leaves
-                    watcher = asyncio.create_task(_close_on_disconnect(receive, response))
         except (aiohttp.ClientError, OSError, TimeoutError) as error:
             # The response has started: it can only be cut short, never ended as if complete.
             logger.warning(
@@ -271,15 +282,44 @@ class ProxyApp:
                 record.response_bytes,
                 type(error).__name__,
             )
-        finally:
-            if watcher is not None:
-                watcher.cancel()
 
 
-async def _close_on_disconnect(receive: Receive, response: aiohttp.ClientResponse) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass
-    response.close()  # frees the upstream connection at once; the relay loop then ends
+class ClientWatch:
+    """Notices a client that leaves once its request is read, and cancels the relay at once, so the upstream
+    connection is freed whether the upstream is still thinking or streaming (uvicorn's `send` would just
+    drop the bytes and let the relay run on)."""
+
+    def __init__(self, receive: Receive) -> None:
+        self._receive = receive
+        self._task: asyncio.Task[None] | None = None
+        self.client_gone = False
+        # uvicorn reports a disconnect once the response is complete, too: that one is not a client leaving.
+        self.finishing = False
+
+    def start(self) -> None:
+        relay = asyncio.current_task()
+        if relay is not None:
+            self._task = asyncio.create_task(self._watch(relay))
+
+    async def _watch(self, relay: asyncio.Task[object]) -> None:
+        while (await self._receive())["type"] != "http.disconnect":
+            pass
+        if not self.finishing:
+            self.client_gone = True
+            relay.cancel()
+
+    def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+
+    def absorb_cancellation(self) -> bool:
+        """True (and the cancellation undone) when it was this watch that cancelled the relay."""
+        task = asyncio.current_task()
+        if self.client_gone and task is not None:
+            task.uncancel()
+            return True
+        return False
 
 
 class RequestBody:
@@ -338,7 +378,8 @@ def _content_length(headers: list[tuple[bytes, bytes]]) -> int | None:
     return None
 
 
-async def _send_error(send: Send, error: ServiceError) -> None:
+async def _send_error(send: Send, error: ServiceError) -> int:
+    """Answer the service error; returns the body's size."""
     body = error_body(error.status, error.message)
     headers = [
         *_JSON_ERROR_HEADERS,
@@ -347,3 +388,4 @@ async def _send_error(send: Send, error: ServiceError) -> None:
     ]
     await send({"type": "http.response.start", "status": error.status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
+    return len(body)
