@@ -10,6 +10,7 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -19,6 +20,8 @@ from credgate.app import create_app
 from credgate.config import Settings
 from credgate.services import integrations, projects
 from credgate.services.context import Context
+from credgate.services.integrations import IntegrationChanges
+from credgate.specs import Endpoint
 from tests.secret_sweep import SWEEP
 from tests.upstream import Upstream, run_upstream
 
@@ -169,3 +172,18 @@ async def add_project(ctx: Context, upstream: Upstream, *, key: str | None = Non
 @pytest.fixture
 async def project(ctx: Context, upstream: Upstream) -> Project:
     return await add_project(ctx, upstream)
+
+
+async def add_custom(ctx: Context, project: Project, provider: str, base_url: str, **changes: Any) -> None:
+    """A custom integration allowing every method and path (`* **`), with optional changes."""
+    key = f"sk-{provider}-" + secrets.token_urlsafe(12)
+    SWEEP.register(key)
+    await integrations.add_custom_integration(
+        ctx, project_id=project.id, provider=provider, base_url=base_url, api_key=key, actor="t"
+    )
+    everything = [Endpoint(method="*", path="**")]
+    await integrations.set_endpoints(ctx, project_id=project.id, provider=provider, endpoints=everything, actor="t")
+    if changes:
+        await integrations.update_integration(
+            ctx, project_id=project.id, provider=provider, changes=IntegrationChanges(**changes), actor="t"
+        )

@@ -1,7 +1,6 @@
 """Every service error of the contract's table (section 4): status, envelope, header, and check order."""
 
 import asyncio
-import secrets
 import time
 from collections.abc import AsyncIterator
 from datetime import timedelta
@@ -16,9 +15,7 @@ from credgate.services import integrations, projects
 from credgate.services.context import Context, utcnow
 from credgate.services.integrations import IntegrationChanges
 from credgate.services.projects import ProjectChanges
-from credgate.specs import Endpoint
-from tests.e2e.conftest import Project, add_project, free_port
-from tests.secret_sweep import SWEEP
+from tests.e2e.conftest import Project, add_custom, add_project, free_port
 from tests.upstream import QUOTA_ERROR, Upstream
 
 LIMIT = 1024  # bytes: this module's request body limit
@@ -58,21 +55,6 @@ def assert_upstream_response(response: httpx.Response, status: int) -> None:
     assert response.status_code == status
     assert "x-credgate-error" not in response.headers
     assert response.headers["x-request-id"]
-
-
-async def add_custom(ctx: Context, project: Project, provider: str, base_url: str, **changes: Any) -> None:
-    """A custom integration allowing every method and path (`* **`), with optional changes."""
-    key = f"sk-{provider}-" + secrets.token_urlsafe(12)
-    SWEEP.register(key)
-    await integrations.add_custom_integration(
-        ctx, project_id=project.id, provider=provider, base_url=base_url, api_key=key, actor="t"
-    )
-    everything = [Endpoint(method="*", path="**")]
-    await integrations.set_endpoints(ctx, project_id=project.id, provider=provider, endpoints=everything, actor="t")
-    if changes:
-        await integrations.update_integration(
-            ctx, project_id=project.id, provider=provider, changes=IntegrationChanges(**changes), actor="t"
-        )
 
 
 async def raw_get(gateway_url: str, target: str, token: str) -> tuple[int, bytes]:

@@ -4,7 +4,6 @@ under concurrent load, the usage records, and the logs."""
 import asyncio
 import json
 import logging
-import secrets
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -15,12 +14,9 @@ import pytest
 
 import credgate.app
 from credgate.proxy import create_http_session
-from credgate.services import admins, integrations
+from credgate.services import admins
 from credgate.services.context import Context
-from credgate.services.integrations import IntegrationChanges
-from credgate.specs import Endpoint
-from tests.e2e.conftest import Project, add_project
-from tests.secret_sweep import SWEEP
+from tests.e2e.conftest import Project, add_custom, add_project
 from tests.upstream import Upstream
 
 CHAT = {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}
@@ -28,21 +24,6 @@ CHAT = {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}
 
 def bearer(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
-
-
-async def add_custom(ctx: Context, project: Project, provider: str, base_url: str, **changes: Any) -> None:
-    """A custom integration allowing every method and path (`* **`), with optional changes."""
-    key = f"sk-{provider}-" + secrets.token_urlsafe(12)
-    SWEEP.register(key)
-    await integrations.add_custom_integration(
-        ctx, project_id=project.id, provider=provider, base_url=base_url, api_key=key, actor="t"
-    )
-    everything = [Endpoint(method="*", path="**")]
-    await integrations.set_endpoints(ctx, project_id=project.id, provider=provider, endpoints=everything, actor="t")
-    if changes:
-        await integrations.update_integration(
-            ctx, project_id=project.id, provider=provider, changes=IntegrationChanges(**changes), actor="t"
-        )
 
 
 async def eventually(condition: Callable[[], bool], *, within: float) -> bool:

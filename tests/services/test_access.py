@@ -4,7 +4,6 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
-from typing import Any
 
 import pytest
 from sqlalchemy import event
@@ -13,16 +12,15 @@ from credgate.config import Settings
 from credgate.crypto import Secret
 from credgate.services import integrations, projects
 from credgate.services.access import Access, follow_changes, resolve_access
-from credgate.services.bootstrap import open_context
 from credgate.services.context import Context
 from credgate.services.integrations import IntegrationChanges
 from credgate.specs import BearerAuth, Endpoint
 from tests.secret_sweep import SWEEP
+from tests.services.helpers import DatabaseFixture, opened
 
 KEY = "sk-test-accessaccessaccess12"
 NEW_KEY = "sk-test-rotatedrotatedrota34"
 BASE_URL = "https://api.openai.com/v1"
-DatabaseFixture = tuple[str, dict[str, Any]]  # the `database` fixture: URL and connect args
 
 
 async def new_project(ctx: Context) -> tuple[str, str]:
@@ -49,16 +47,6 @@ def observe(access: Access | None) -> object:
 
 async def look(ctx: Context, token: str) -> object:
     return observe(await resolve_access(ctx, token=token, provider="openai"))
-
-
-@asynccontextmanager
-async def opened(settings: Settings, database: DatabaseFixture) -> AsyncIterator[Context]:
-    """Another Context on the same database: another instance, or the CLI."""
-    other = await open_context(settings, connect_args=database[1])
-    try:
-        yield other
-    finally:
-        await other.database.dispose()
 
 
 @asynccontextmanager

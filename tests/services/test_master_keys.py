@@ -2,10 +2,7 @@
 
 import asyncio
 import os
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
 
 import pytest
 from pydantic import SecretStr
@@ -24,10 +21,10 @@ from credgate.services.master_keys import rotate_master_key
 from credgate.services.provider_keys import API_KEY_PURPOSE, seal_provider_key
 from credgate.storage.models import Base, Integration, ProviderKey
 from tests.secret_sweep import SWEEP
+from tests.services.helpers import DatabaseFixture, opened
 
 KEYS = ["sk-test-masterkeysmasterkeys01", "sk-test-masterkeysmasterkeys02", "sk-test-masterkeysmasterkeys03"]
 NEW_KEY = "sk-test-setduringrotation0004"
-DatabaseFixture = tuple[str, dict[str, Any]]  # the `database` fixture: URL and connect args
 
 
 async def new_project(ctx: Context, *, key: str = KEYS[0], provider: str = "openai") -> tuple[str, str]:
@@ -49,16 +46,6 @@ async def credential(ctx: Context, token: str, provider: str = "openai") -> str 
     assert access is not None
     assert access.integration is not None
     return access.integration.credential.reveal() if access.integration.credential else None
-
-
-@asynccontextmanager
-async def opened(settings: Settings, database: DatabaseFixture) -> AsyncIterator[Context]:
-    """A Context on the same database: another instance, a restart, or the CLI."""
-    other = await open_context(settings, connect_args=database[1])
-    try:
-        yield other
-    finally:
-        await other.database.dispose()
 
 
 def with_master_key(settings: Settings, *keys: bytes) -> Settings:

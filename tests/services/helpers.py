@@ -1,0 +1,21 @@
+"""Helpers shared by the service tests."""
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from credgate.config import Settings
+from credgate.services.bootstrap import open_context
+from credgate.services.context import Context
+
+DatabaseFixture = tuple[str, dict[str, Any]]  # the `database` fixture: URL and connect args
+
+
+@asynccontextmanager
+async def opened(settings: Settings, database: DatabaseFixture) -> AsyncIterator[Context]:
+    """Another Context on the same database: another instance, a restart, or the CLI."""
+    other = await open_context(settings, connect_args=database[1])
+    try:
+        yield other
+    finally:
+        await other.database.dispose()
