@@ -10,6 +10,7 @@ import logging
 import secrets
 import time
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from typing import Any
 
 import aiohttp
@@ -89,7 +90,7 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         ctx = context or await open_context(settings)
         session = http_session or create_http_session()
-        recorder = UsageRecorder(ctx)
+        recorder = UsageRecorder(ctx, retention=timedelta(days=settings.request_log_days))
         app.state.context = ctx
         gateway.proxy = ProxyApp(ctx, settings, session, recorder)
         tasks = [

@@ -24,6 +24,8 @@ class Settings(BaseSettings):
     # How often an instance looks for changes made by other instances or the CLI (contract section 6).
     change_poll_seconds: float = Field(default=0.5, gt=0, le=1)
     log_level: str = "info"
+    # How long the request log keeps a proxied request (bodies are never kept).
+    request_log_days: int = Field(default=30, ge=1)
 
     @property
     def resolved_database_url(self) -> str:

@@ -4,6 +4,7 @@ from the response's `usage` object (JSON, or the SSE events that carry one) afte
 import asyncio
 import json
 import logging
+import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from credgate.storage.models import RequestRecord
 logger = logging.getLogger(__name__)
 KEPT_BODY_BYTES = 64 * 1024  # the head and the tail of a response body kept for token counts
 _TOKEN_TOUCH_RESOLUTION = timedelta(minutes=1)
+_PRUNE_INTERVAL_SECONDS = 3600
 
 
 @dataclass(slots=True)
@@ -102,8 +104,17 @@ class UsageRecorder:
     letting memory grow or requests wait.
     """
 
-    def __init__(self, ctx: Context, *, max_pending: int = 20_000, flush_seconds: float = 0.25) -> None:
+    def __init__(
+        self,
+        ctx: Context,
+        *,
+        retention: timedelta = timedelta(days=30),
+        max_pending: int = 20_000,
+        flush_seconds: float = 0.25,
+    ) -> None:
         self._ctx = ctx
+        self._retention = retention
+        self._next_prune = 0.0
         self._pending: deque[ProxiedRequest] = deque(maxlen=max_pending)
         self._flush_seconds = flush_seconds
         self._token_touched: dict[str, datetime] = {}
@@ -120,6 +131,9 @@ class UsageRecorder:
             while True:
                 await asyncio.sleep(self._flush_seconds)
                 await self.flush()
+                if time.monotonic() >= self._next_prune:
+                    self._next_prune = time.monotonic() + _PRUNE_INTERVAL_SECONDS
+                    await self.prune()
         finally:
             await asyncio.shield(self.flush())
 
@@ -136,6 +150,14 @@ class UsageRecorder:
                     await repo.touch_project_tokens(touched, at=self._ctx.clock())
         except Exception:
             logger.exception("could not write %d request records", len(batch))
+
+    async def prune(self) -> None:
+        """Forget requests older than the retention period."""
+        try:
+            async with self._ctx.database.transaction() as repo:
+                await repo.delete_request_records(before=self._ctx.clock() - self._retention)
+        except Exception:
+            logger.exception("could not prune the request log")
 
     def _tokens_to_touch(self, batch: Sequence[ProxiedRequest]) -> list[str]:
         now = self._ctx.clock()

@@ -1,0 +1,70 @@
+"""Usage records: tokens read from JSON and SSE bodies, kept for the retention period, then pruned."""
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from credgate.services import projects, usage
+from credgate.services.context import Context
+from credgate.services.usage import ProxiedRequest, UsageRecorder, extract_tokens
+
+
+def proxied(project_id: str, at: datetime, body: bytes = b"{}") -> ProxiedRequest:
+    return ProxiedRequest(
+        at=at,
+        project_id=project_id,
+        token_hash="h",
+        request_id="r",
+        method="POST",
+        provider="openai",
+        endpoint="chat/completions",
+        status=200,
+        content_type="application/json",
+        head=[body],
+        response_bytes=len(body),
+    )
+
+
+@pytest.mark.parametrize(
+    ("content_type", "body", "expected"),
+    [
+        ("application/json", b'{"usage": {"prompt_tokens": 9, "completion_tokens": 3}}', (9, 3)),
+        ("application/json", b'{"usage": {"input_tokens": 7, "output_tokens": 2}}', (7, 2)),
+        ("application/json", b'{"no": "usage"}', (None, None)),
+        ("application/json", b"not json", (None, None)),
+        (
+            "text/event-stream",
+            b'data: {"x": 1}\n\ndata: {"usage": {"prompt_tokens": 5, "completion_tokens": 3}}\n\ndata: [DONE]\n\n',
+            (5, 3),
+        ),
+        (
+            "text/event-stream",
+            b'data: {"type": "message_start", "message": {"usage": {"input_tokens": 7}}}\n\n'
+            b'data: {"type": "message_delta", "usage": {"output_tokens": 2}}\n\n',
+            (7, 2),
+        ),
+        ("audio/mpeg", b"\xff\xfb", (None, None)),
+    ],
+)
+def test_tokens_are_read_from_json_and_events(content_type: str, body: bytes, expected: tuple[int, int]) -> None:
+    assert extract_tokens(content_type, body, b"") == expected
+
+
+async def test_flush_writes_and_prune_forgets_old_requests(ctx: Context) -> None:
+    project, _ = await projects.create_project(ctx, name="p", actor="t")
+    recorder = UsageRecorder(ctx, retention=timedelta(days=30))
+    now = datetime.now(UTC)
+    recorder.record(proxied(project.id, now - timedelta(days=31)))
+    recorder.record(proxied(project.id, now, b'{"usage": {"prompt_tokens": 4, "completion_tokens": 1}}'))
+    await recorder.flush()
+    assert len(await usage.list_request_records(ctx, project_id=project.id)) == 2
+    await recorder.prune()
+    kept = await usage.list_request_records(ctx, project_id=project.id)
+    assert [(record.prompt_tokens, record.completion_tokens) for record in kept] == [(4, 1)]
+
+
+async def test_a_full_backlog_drops_the_oldest_and_counts_them(ctx: Context) -> None:
+    recorder = UsageRecorder(ctx, max_pending=2)
+    for _ in range(3):
+        recorder.record(proxied("prj_x", datetime.now(UTC)))
+    assert recorder.dropped == 1
