@@ -42,18 +42,23 @@ async def authenticate_admin(ctx: Context, *, token: str | None) -> AdminToken:
     return admin
 
 
-async def create_admin_user(ctx: Context, *, username: str, password: str, actor: str) -> AdminUser:
-    """Create a panel login; the password is stored only as an argon2id hash."""
+def new_admin_user(ctx: Context, *, username: str, password: str) -> AdminUser:
+    """A validated user row with its password hashed (argon2id); not stored yet."""
     username = username.strip()
     if not username or len(username) > 200 or any(char.isspace() for char in username):
         raise InvalidInput("username", "must be 1 to 200 characters without white space")
     if len(password) < 12:
         raise InvalidInput("password", "must be at least 12 characters")
-    user = AdminUser(
+    return AdminUser(
         id=new_id("usr"), username=username, password_hash=_password_hasher.hash(password), created_at=ctx.clock()
     )
+
+
+async def create_admin_user(ctx: Context, *, username: str, password: str, actor: str) -> AdminUser:
+    """Create a panel login; the password is stored only as an argon2id hash."""
+    user = new_admin_user(ctx, username=username, password=password)
     async with ctx.change(actor=actor, action="admin_user.create") as repo:
-        if await repo.find_admin_user(username) is not None:
-            raise Conflict(f"user {username} already exists")
+        if await repo.find_admin_user(user.username) is not None:
+            raise Conflict(f"user {user.username} already exists")
         repo.add(user)
     return user

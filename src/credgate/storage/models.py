@@ -162,3 +162,16 @@ class RequestRecord(Base):
     response_bytes: Mapped[int] = mapped_column(BigInteger)
     prompt_tokens: Mapped[int | None]
     completion_tokens: Mapped[int | None]
+
+
+class AdminSession(Base):
+    """A signed-in panel session; `id` is the SHA-256 of the cookie's secret, never the secret itself."""
+
+    __tablename__ = "admin_sessions"
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    user_id: Mapped[str] = mapped_column(ForeignKey("admin_users.id", ondelete="CASCADE"), index=True)
+    csrf_token: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime]
+    last_seen_at: Mapped[datetime]
+
+    user: Mapped[AdminUser] = relationship(lazy="joined")

@@ -10,6 +10,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import selectinload
 
 from credgate.storage.models import (
+    AdminSession,
     AdminToken,
     AdminUser,
     AuditEvent,
@@ -122,7 +123,18 @@ class Repository:
         return (await self._session.scalars(select(AdminUser).where(AdminUser.username == username))).first()
 
     async def count_admin_users(self) -> int:
-        return len((await self._session.scalars(select(AdminUser.id))).all())
+        return int((await self._session.execute(select(func.count()).select_from(AdminUser))).scalar_one())
+
+    async def get_admin_session(self, session_id: str) -> AdminSession | None:
+        return await self._session.get(AdminSession, session_id)
+
+    async def delete_meta(self, name: str, *, only_if: str | None = None) -> bool:
+        """Delete a named value (only if it equals `only_if`, when given); True when a row was deleted."""
+        statement = delete(Meta).where(Meta.name == name)
+        if only_if is not None:
+            statement = statement.where(Meta.value == only_if)
+        result = await self._session.execute(statement)
+        return bool(getattr(result, "rowcount", 0))
 
     # integrations and keys
 

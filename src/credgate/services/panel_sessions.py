@@ -1,0 +1,101 @@
+"""Panel sign-in: argon2 passwords, server-side sessions with idle and absolute timeouts, and the one-time
+setup token that lets the first admin create an account."""
+
+import hmac
+import secrets
+from dataclasses import dataclass
+from datetime import timedelta
+
+from argon2 import PasswordHasher
+from argon2.exceptions import InvalidHashError, VerificationError
+
+from credgate.crypto import hash_token
+from credgate.errors import Unauthorized
+from credgate.services.admins import new_admin_user
+from credgate.services.context import Context
+from credgate.storage.models import AdminSession
+
+IDLE_TIMEOUT = timedelta(minutes=30)
+ABSOLUTE_TIMEOUT = timedelta(hours=12)
+SETUP_META_NAME = "setup_token_hash"  # the meta row holding the hash (never the token)
+_SEEN_RESOLUTION = timedelta(minutes=1)
+_password_hasher = PasswordHasher()
+# Verified against when the user does not exist, so a wrong username costs as much time as a wrong password.
+_DUMMY_HASH = _password_hasher.hash(secrets.token_urlsafe(16))
+
+
+@dataclass(frozen=True, slots=True)
+class SignedIn:
+    """A live session: who, and the CSRF token its forms must carry."""
+
+    session_id: str
+    username: str
+    csrf_token: str
+
+
+async def sign_in(ctx: Context, *, username: str, password: str) -> tuple[str, SignedIn]:
+    """A new session (never a reused one: no fixation) and its cookie secret; Unauthorized otherwise."""
+    async with ctx.database.transaction(write=False) as repo:
+        user = await repo.find_admin_user(username)
+    try:
+        _password_hasher.verify(user.password_hash if user else _DUMMY_HASH, password)
+    except (VerificationError, InvalidHashError):
+        raise Unauthorized("wrong username or password") from None
+    if user is None:
+        raise Unauthorized("wrong username or password")
+    secret = secrets.token_urlsafe(32)
+    now = ctx.clock()
+    session = AdminSession(
+        id=hash_token(secret), user_id=user.id, csrf_token=secrets.token_urlsafe(32), created_at=now, last_seen_at=now
+    )
+    async with ctx.change(actor=f"user:{user.username}", action="panel.sign_in") as repo:
+        repo.add(session)
+    return secret, SignedIn(session_id=session.id, username=user.username, csrf_token=session.csrf_token)
+
+
+async def resume_session(ctx: Context, *, secret: str) -> SignedIn | None:
+    """The session of this cookie secret, unless it is unknown or has timed out (then it is deleted)."""
+    now = ctx.clock()
+    async with ctx.database.transaction() as repo:
+        session = await repo.get_admin_session(hash_token(secret))
+        if session is None:
+            return None
+        if now - session.last_seen_at > IDLE_TIMEOUT or now - session.created_at > ABSOLUTE_TIMEOUT:
+            await repo.delete(session)
+            return None
+        if now - session.last_seen_at > _SEEN_RESOLUTION:
+            session.last_seen_at = now
+        return SignedIn(session_id=session.id, username=session.user.username, csrf_token=session.csrf_token)
+
+
+async def sign_out(ctx: Context, *, session_id: str) -> None:
+    async with ctx.database.transaction() as repo:
+        session = await repo.get_admin_session(session_id)
+        if session is not None:
+            await repo.delete(session)
+
+
+async def issue_setup_token(ctx: Context) -> str | None:
+    """A new one-time setup token while no admin user exists (each start replaces the last); else None."""
+    token = secrets.token_urlsafe(32)
+    async with ctx.database.transaction() as repo:
+        if await repo.count_admin_users() > 0:
+            await repo.delete_meta(SETUP_META_NAME)
+            return None
+        await repo.set_meta(SETUP_META_NAME, hash_token(token))
+    return token
+
+
+async def setup_token_valid(ctx: Context, *, token: str) -> bool:
+    async with ctx.database.transaction(write=False) as repo:
+        stored = await repo.get_meta(SETUP_META_NAME)
+    return stored is not None and hmac.compare_digest(stored, hash_token(token))
+
+
+async def redeem_setup_token(ctx: Context, *, token: str, username: str, password: str) -> None:
+    """Create the first admin with the setup token, which works once: claimed in the same transaction."""
+    user = new_admin_user(ctx, username=username, password=password)  # invalid input keeps the link usable
+    async with ctx.change(actor="setup-link", action="admin_user.create") as repo:
+        if not await repo.delete_meta(SETUP_META_NAME, only_if=hash_token(token)):
+            raise Unauthorized("this setup link is not valid any more")
+        repo.add(user)
