@@ -64,8 +64,9 @@ class Gateway:
                 message["headers"] = headers
             await send(message)
 
-        path: str = scope["path"]
-        app = self.proxy if self.proxy is not None and path.startswith("/proxy/") else self.control
+        # Routed and logged on the path as received: the decoded one may hide a `/proxy/` or a line break.
+        raw_path: bytes = scope.get("raw_path") or scope["path"].encode()
+        app = self.proxy if self.proxy is not None and raw_path.startswith(b"/proxy/") else self.control
         try:
             await app(scope, receive, send_with_id)
         finally:
@@ -73,7 +74,7 @@ class Gateway:
             logger.info(
                 "%s %s %d %.1fms %s",
                 scope["method"],
-                path,
+                raw_path.decode("latin-1"),
                 status,
                 (time.perf_counter() - started) * 1000,
                 request_id,

@@ -21,6 +21,8 @@ class Settings(BaseSettings):
     port: int = Field(default=8080, ge=0, le=65535)
     allow_private_upstreams: bool = False
     max_request_bytes: int = Field(default=32 * 1024 * 1024, ge=1)
+    # How long a client may pause while sending its request body before it gets 408.
+    client_body_timeout_seconds: float = Field(default=60.0, gt=0)
     # How often an instance looks for changes made by other instances or the CLI (contract section 6).
     change_poll_seconds: float = Field(default=0.5, gt=0, le=1)
     log_level: str = "info"

@@ -16,6 +16,7 @@ from starlette.exceptions import HTTPException
 from starlette.responses import Response
 
 from credgate.errors import ServiceError
+from credgate.storage import StorageUnavailable
 
 logger = logging.getLogger(__name__)
 ERROR_HEADER = "x-credgate-error"
@@ -63,6 +64,11 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _invalid_input(_request: Request, error: RequestValidationError) -> Response:
         return error_response(422, validation_message(list(error.errors())))
+
+    @app.exception_handler(StorageUnavailable)
+    async def _storage_unavailable(request: Request, _error: StorageUnavailable) -> Response:
+        logger.warning("storage unavailable for request %s", request_id_of(request))
+        return error_response(503, f"storage unavailable (request id {request_id_of(request)})")
 
     @app.exception_handler(HTTPException)
     async def _http_error(_request: Request, error: HTTPException) -> Response:

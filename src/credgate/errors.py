@@ -5,6 +5,7 @@
     ├── Unauthorized (401)
     ├── Forbidden (403)
     ├── NotFound (404)
+    ├── RequestTimeout (408)
     ├── Conflict (409)
     ├── PayloadTooLarge (413)
     ├── InvalidInput (422)
@@ -57,6 +58,13 @@ class NotFound(ServiceError):
 
     status = 404
     default_message = "not found"
+
+
+class RequestTimeout(ServiceError):
+    """The client did not send its request in time."""
+
+    status = 408
+    default_message = "request timeout"
 
 
 class Conflict(ServiceError):

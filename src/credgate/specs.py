@@ -13,8 +13,8 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 PROVIDER_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
 METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
 _TOKEN_CHARS = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # RFC 9110 token: a header name
-# Headers a configuration may not set: the transport owns them (RFC 9110 section 7.6.1 and framing).
-RESERVED_HEADERS = frozenset(
+# Hop-by-hop headers (RFC 9110 section 7.6.1): they concern one connection and are never relayed.
+HOP_BY_HOP = frozenset(
     {
         "connection",
         "keep-alive",
@@ -25,10 +25,10 @@ RESERVED_HEADERS = frozenset(
         "trailer",
         "transfer-encoding",
         "upgrade",
-        "host",
-        "content-length",
     }
 )
+# Headers a configuration may not set or place a key in: the transport owns them.
+RESERVED_HEADERS = HOP_BY_HOP | {"host", "content-length"}
 
 
 def check_provider_name(name: str) -> str:
@@ -40,6 +40,12 @@ def check_provider_name(name: str) -> str:
 def check_header_name(name: str) -> str:
     if not _TOKEN_CHARS.fullmatch(name):
         raise ValueError("is not a valid HTTP header name")
+    return name
+
+
+def _check_credential_header(name: str) -> str:
+    if name.lower() in RESERVED_HEADERS:
+        raise ValueError(f"header {name} is set by the transport and cannot carry the key")
     return name
 
 
@@ -127,7 +133,7 @@ class HeaderAuth(_Spec):
     """The key in a header of its own, after an optional prefix (`x-api-key: <key>`, `Authorization: Token <key>`)."""
 
     method: Literal["header"]
-    name: HeaderName
+    name: Annotated[HeaderName, AfterValidator(_check_credential_header)]
     prefix: Annotated[str, Field(max_length=64), AfterValidator(_check_header_value)] = ""
 
 

@@ -130,7 +130,6 @@ def test_check_target_decodes_segments() -> None:
         "a\\b",
         "a//b",
         "/a",
-        "a/",
         "http://evil.test/x",
         "https:%2F%2Fevil.test",
         "a%3Fb",
@@ -346,3 +345,38 @@ def test_response_headers_drop_hop_by_hop_and_keep_content_encoding() -> None:
         (b"Set-Cookie", b"a=1"),
         (b"Set-Cookie", b"b=2"),
     ]
+
+
+# Regressions from the security review.
+
+
+def test_a_trailing_slash_is_kept_and_matches_a_wildcard() -> None:
+    assert check_target("openai", "items/") == ("items", "")
+    assert endpoint_allowed("GET", ("items", ""), [Endpoint(method="GET", path="items/*")])
+    assert not endpoint_allowed("GET", ("items", ""), [Endpoint(method="GET", path="items")])
+
+
+def test_a_default_header_named_like_the_credential_is_not_sent_too() -> None:
+    request = plan(integration=resolved(headers={"Authorization": "Bearer a-default"}))
+    assert [value for name, value in request.headers if name.lower() == "authorization"] == [f"Bearer {KEY}"]
+
+
+@pytest.mark.parametrize("name", ["Host", "transfer-encoding", "Content-Length", "Connection"])
+def test_a_key_may_not_be_placed_in_a_header_the_transport_owns(name: str) -> None:
+    with pytest.raises(ValueError, match="cannot carry the key"):
+        HeaderAuth(method="header", name=name)
+
+
+def test_a_query_key_is_cut_out_of_urls_the_upstream_quotes_back() -> None:
+    request = plan(integration=resolved(auth=QueryAuth(method="query", name="key")))
+    assert request.query_secrets == (KEY, KEY)  # as written and encoded (the same for this key)
+    relayed = response_headers(
+        [(b"Location", f"https://api.test/v1/next?key={KEY}".encode()), (b"X-Other", KEY.encode())],
+        secrets=request.query_secrets,
+    )
+    assert relayed == [(b"Location", b"https://api.test/v1/next?key=REDACTED"), (b"X-Other", KEY.encode())]
+
+
+def test_an_upstream_cannot_pass_for_credgate() -> None:
+    relayed = response_headers([(b"X-Credgate-Error", b"true"), (b"x-credgate-request-id", b"x"), (b"A", b"1")])
+    assert relayed == [(b"A", b"1")]

@@ -1,5 +1,6 @@
 """Usage records: tokens read from JSON and SSE bodies, kept for the retention period, then pruned."""
 
+import gzip
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -68,3 +69,14 @@ async def test_a_full_backlog_drops_the_oldest_and_counts_them(ctx: Context) -> 
     for _ in range(3):
         recorder.record(proxied("prj_x", datetime.now(UTC)))
     assert recorder.dropped == 1
+
+
+def test_tokens_are_read_from_a_gzip_compressed_body() -> None:
+    body = gzip.compress(b'{"usage": {"prompt_tokens": 11, "completion_tokens": 4}}')
+    assert extract_tokens("application/json", body, b"", content_encoding="gzip") == (11, 4)
+
+
+def test_tokens_are_read_from_the_end_of_a_body_too_long_to_keep() -> None:
+    head = b'{"data": [' + b"0.1," * 20_000  # cut off: not JSON on its own
+    tail = b'0.2]}], "model": "m", "usage": {"prompt_tokens": 8, "total_tokens": 8}}'
+    assert extract_tokens("application/json", head, tail) == (8, None)

@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from urllib.parse import quote, unquote_to_bytes
 
+from credgate import specs
 from credgate.crypto import Secret
 from credgate.errors import BadRequest
 from credgate.services.access import ResolvedIntegration
@@ -17,19 +18,7 @@ Headers = list[tuple[bytes, bytes]]
 # Where SDKs carry a credential; the project token is looked for in each, and none of them goes upstream.
 TOKEN_HEADERS = (b"authorization", b"x-api-key", b"api-key", b"x-goog-api-key", b"xi-api-key")
 _TOKEN_SCHEMES = (b"bearer ", b"token ")
-HOP_BY_HOP = frozenset(
-    {
-        b"connection",
-        b"keep-alive",
-        b"proxy-authenticate",
-        b"proxy-authorization",
-        b"proxy-connection",
-        b"te",
-        b"trailer",
-        b"transfer-encoding",
-        b"upgrade",
-    }
-)
+HOP_BY_HOP = frozenset(name.encode() for name in specs.HOP_BY_HOP)
 # Not sent upstream: credentials, cookies, the client's address, and what the transport sets itself.
 _DROPPED_REQUEST_HEADERS = (
     HOP_BY_HOP
@@ -45,7 +34,10 @@ _DROPPED_REQUEST_HEADERS = (
         b"expect",
     }
 )
-_DROPPED_RESPONSE_HEADERS = HOP_BY_HOP
+# An upstream may not pass for credgate itself (contract section 4), nor confuse its request id.
+_DROPPED_RESPONSE_HEADERS = HOP_BY_HOP | {b"x-credgate-error", b"x-credgate-request-id"}
+# Response headers that may quote the upstream URL back, and with it a key placed in the query.
+_URL_HEADERS = frozenset({b"location", b"content-location", b"link", b"refresh"})
 
 
 def find_project_token(headers: Headers) -> str | None:
@@ -78,8 +70,12 @@ def check_target(provider: str, raw_endpoint: str) -> tuple[str, ...]:
     if not raw_endpoint:
         raise BadRequest("empty endpoint")
     segments = []
-    for raw in raw_endpoint.split("/"):
+    raws = raw_endpoint.split("/")
+    for index, raw in enumerate(raws):
         segment = unquote_to_bytes(raw)
+        if not segment and index == len(raws) - 1 and index > 0:
+            segments.append("")  # a trailing slash, which some APIs need; `*` or `**` allows it
+            continue
         if not segment or segment in (b".", b"..") or any(byte in segment for byte in b"/\\?#\x00"):
             raise BadRequest("malformed endpoint")
         segments.append(segment.decode("utf-8", "replace"))
@@ -108,6 +104,7 @@ class UpstreamRequest:
     method: str
     url: str  # already percent-encoded: sent exactly as written
     headers: list[tuple[str, str]]
+    query_secrets: tuple[str, ...] = ()  # a key placed in the query, as written and as encoded
 
 
 Placement = tuple[list[tuple[str, str]], list[tuple[str, str]]]  # (headers, query parameters)
@@ -150,12 +147,7 @@ def plan_upstream(
     """The upstream request: the client's end-to-end headers and query, the integration's defaults where the
     client sent none, and the credential placed exactly once by the auth method."""
     placed_headers, placed_query = PLACEMENTS[integration.auth.method](integration.auth, credential.reveal())
-    connection_named = {
-        token.strip().lower().encode()
-        for name, value in headers
-        if name == b"connection"
-        for token in value.decode("latin-1").split(",")
-    }
+    connection_named = _connection_named(headers)
     overridden = {name.lower().encode() for name, _ in placed_headers}
     upstream_headers = [
         (name.decode("latin-1"), value.decode("latin-1"))
@@ -166,11 +158,20 @@ def plan_upstream(
         and not name.startswith(b"x-forwarded-")
     ]
     sent = {name.lower() for name, _ in upstream_headers}
-    upstream_headers += [(name, value) for name, value in integration.headers.items() if name.lower() not in sent]
+    upstream_headers += [
+        (name, value)
+        for name, value in integration.headers.items()
+        if name.lower() not in sent and name.lower().encode() not in overridden
+    ]
     upstream_headers += placed_headers
     url = f"{integration.base_url}/{raw_endpoint}"
     query = _merge_query(query_string, integration.query, placed_query)
-    return UpstreamRequest(method=method, url=f"{url}?{query}" if query else url, headers=upstream_headers)
+    return UpstreamRequest(
+        method=method,
+        url=f"{url}?{query}" if query else url,
+        headers=upstream_headers,
+        query_secrets=tuple(form for _, value in placed_query for form in (value, quote(value, safe=""))),
+    )
 
 
 def _merge_query(client: bytes, defaults: dict[str, str], placed: list[tuple[str, str]]) -> str:
@@ -195,17 +196,28 @@ def _encode_pair(name: str, value: str) -> str:
     return f"{quote(name, safe='')}={quote(value, safe='')}"
 
 
-def response_headers(raw: Iterable[tuple[bytes, bytes]]) -> Headers:
-    """The upstream's end-to-end headers; framing is the server's own business, not relayed."""
-    pairs = list(raw)
-    connection_named = {
+def _connection_named(headers: Iterable[tuple[bytes, bytes]]) -> set[bytes]:
+    """The headers a `Connection` header names: hop-by-hop for this connection only."""
+    return {
         token.strip().lower().encode()
-        for name, value in pairs
+        for name, value in headers
         if name.lower() == b"connection"
         for token in value.decode("latin-1").split(",")
     }
-    return [
-        (name, value)
-        for name, value in pairs
-        if (lowered := name.lower()) not in _DROPPED_RESPONSE_HEADERS and lowered not in connection_named
-    ]
+
+
+def response_headers(raw: Iterable[tuple[bytes, bytes]], *, secrets: Sequence[str] = ()) -> Headers:
+    """The upstream's end-to-end headers; framing is the server's own business, not relayed. A key placed in
+    the query is cut out of any header that quotes the URL back (a redirect's Location, say)."""
+    pairs = list(raw)
+    dropped = _DROPPED_RESPONSE_HEADERS | _connection_named(pairs)
+    relayed = []
+    for name, value in pairs:
+        lowered = name.lower()
+        if lowered in dropped:
+            continue
+        if secrets and lowered in _URL_HEADERS:
+            for secret in secrets:
+                value = value.replace(secret.encode("latin-1", "replace"), b"REDACTED")
+        relayed.append((name, value))
+    return relayed

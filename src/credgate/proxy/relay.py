@@ -6,7 +6,7 @@ exactly as received. After `http.response.start` an error can only abort the res
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 
 import aiohttp
@@ -14,6 +14,7 @@ from starlette.types import Receive, Scope, Send
 from yarl import URL
 
 from credgate.config import Settings
+from credgate.crypto import Secret
 from credgate.error_responses import ERROR_HEADER, error_body
 from credgate.errors import (
     BadGateway,
@@ -22,6 +23,7 @@ from credgate.errors import (
     NotFound,
     PayloadTooLarge,
     RateLimited,
+    RequestTimeout,
     ServiceError,
     Unauthorized,
     Unavailable,
@@ -37,8 +39,14 @@ from credgate.proxy.plan import (
 )
 from credgate.services.access import Access, ResolvedIntegration, resolve_access
 from credgate.services.context import Context
-from credgate.services.usage import KEPT_BODY_BYTES, ProxiedRequest, UsageRecorder
-from credgate.specs import METHODS
+from credgate.services.usage import (
+    COUNTED_CONTENT_TYPES,
+    KEPT_BODY_BYTES,
+    TAIL_CHUNK_BYTES,
+    ProxiedRequest,
+    UsageRecorder,
+)
+from credgate.specs import METHODS, PROVIDER_NAME
 
 logger = logging.getLogger(__name__)
 UNAUTHORIZED_MESSAGE = "invalid project token or expired authentication"
@@ -54,6 +62,10 @@ class _BodyTooLarge(_BodyProblem):
 
 
 class _ClientGone(_BodyProblem):
+    pass
+
+
+class _ClientIdle(_BodyProblem):
     pass
 
 
@@ -87,7 +99,6 @@ class ProxyApp:
         recorder: UsageRecorder,
         *,
         max_in_flight: int = 1000,
-        client_idle_seconds: float = 60.0,
         upstream_idle_seconds: float = 300.0,
     ) -> None:
         self.ctx = ctx
@@ -95,14 +106,15 @@ class ProxyApp:
         self.recorder = recorder
         self.max_request_bytes = settings.max_request_bytes
         self.max_in_flight = max_in_flight
-        self.client_idle_seconds = client_idle_seconds
+        self.client_idle_seconds = settings.client_body_timeout_seconds
         self.upstream_idle_seconds = upstream_idle_seconds
         self.rate_limiter = RateLimiter()
         self.in_flight = 0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.in_flight >= self.max_in_flight:
-            await _send_error(send, Unavailable("gateway overloaded; retry later"))
+            request_id = scope["state"]["request_id"]
+            await _send_error(send, Unavailable(f"gateway overloaded; retry later (request id {request_id})"))
             return
         self.in_flight += 1
         try:
@@ -129,8 +141,8 @@ class ProxyApp:
             endpoint=raw_endpoint,
         )
         try:
-            integration = self._authorize(scope, access, provider, raw_endpoint)
-            await self._relay(scope, receive, send, integration, raw_endpoint, record)
+            integration, credential, length = self._authorize(scope, access, provider, raw_endpoint)
+            await self._relay(scope, receive, send, integration, credential, length, raw_endpoint, record)
         except ServiceError as error:
             record.status = error.status
             record.response_bytes = await _send_error(send, error)
@@ -142,8 +154,11 @@ class ProxyApp:
         token = find_project_token(scope["headers"])
         if token is None:
             raise Unauthorized(UNAUTHORIZED_MESSAGE)
+        # A malformed name is looked up as "" (it answers 400 once the token checks out), so it cannot become
+        # a cache key of its own.
+        lookup = provider if PROVIDER_NAME.fullmatch(provider) else ""
         try:
-            access = await resolve_access(self.ctx, token=token, provider=provider)
+            access = await resolve_access(self.ctx, token=token, provider=lookup)
         except Exception:
             logger.exception("token lookup failed for request %s", scope["state"]["request_id"])
             raise Unavailable(f"storage unavailable (request id {scope['state']['request_id']})") from None
@@ -151,15 +166,19 @@ class ProxyApp:
             raise Unauthorized(UNAUTHORIZED_MESSAGE)
         return access
 
-    def _authorize(self, scope: Scope, access: Access, provider: str, raw_endpoint: str) -> ResolvedIntegration:
-        """The contract's checks after the token, in its order: 400, 404, 403, 413, 429."""
+    def _authorize(
+        self, scope: Scope, access: Access, provider: str, raw_endpoint: str
+    ) -> tuple[ResolvedIntegration, Secret, int | None]:
+        """The contract's checks after the token, in its order: 400, 404, 403, 413, 429. Returns the
+        integration, its credential and the request's declared length."""
         segments = check_target(provider, raw_endpoint)
         integration = access.integration
         if integration is None:
             raise NotFound(f"this project has no integration {provider}")
         if not integration.enabled:
             raise Forbidden(f"integration {provider} is disabled")
-        if integration.credential is None:
+        credential = integration.credential
+        if credential is None:
             raise Forbidden(f"the provider key of {provider} is revoked; set a new key")
         method: str = scope["method"]
         if method not in METHODS or not endpoint_allowed(method, segments, integration.endpoints):
@@ -174,7 +193,7 @@ class ProxyApp:
                     f"rate limit of {access.rate_limit_per_minute} requests per minute exceeded",
                     headers={"Retry-After": retry_after_header(wait)},
                 )
-        return integration
+        return integration, credential, length
 
     async def _relay(
         self,
@@ -182,27 +201,27 @@ class ProxyApp:
         receive: Receive,
         send: Send,
         integration: ResolvedIntegration,
+        credential: Secret,
+        length: int | None,
         raw_endpoint: str,
         record: ProxiedRequest,
     ) -> None:
-        if integration.credential is None:  # checked in _authorize; kept for the type checker
-            raise Forbidden(f"the provider key of {integration.provider} is revoked; set a new key")
         plan = plan_upstream(
             method=scope["method"],
             raw_endpoint=raw_endpoint,
             query_string=scope.get("query_string", b""),
             headers=scope["headers"],
             integration=integration,
-            credential=integration.credential,
+            credential=credential,
         )
-        body = RequestBody(receive, limit=self.max_request_bytes, idle_seconds=self.client_idle_seconds)
-        headers = plan.headers
+        # Once the body is read, the rest of receive() only reports a client that leaves: watch for it.
         watch = ClientWatch(receive)
+        body = RequestBody(
+            receive, limit=self.max_request_bytes, idle_seconds=self.client_idle_seconds, on_complete=watch.start
+        )
+        headers = plan.headers
         try:
             data = await body.first()
-            if body.complete:  # the rest of receive() now only reports a client that leaves
-                watch.start()
-            length = _content_length(scope["headers"])
             if not isinstance(data, bytes) and length is not None:
                 headers = [*headers, ("Content-Length", str(length))]
             async with asyncio.timeout(integration.timeout_seconds):
@@ -219,8 +238,13 @@ class ProxyApp:
             watch.stop()
             # aiohttp wraps what the body generator raised, so the body's own state says what happened.
             record.request_bytes = body.received
+            if isinstance(body.problem, _BodyTooLarge):
+                raise PayloadTooLarge(f"request body over the limit of {self.max_request_bytes} bytes") from None
+            if isinstance(body.problem, _ClientIdle):
+                raise RequestTimeout("the request body was not sent in time") from None
             if body.problem is not None:
-                return await self._body_failed(send, body.problem, record)
+                record.status = 499  # the client left before its request was complete
+                return
             if isinstance(error, TimeoutError) and not isinstance(error, aiohttp.ConnectionTimeoutError):
                 raise GatewayTimeout(f"{integration.provider} did not answer in time") from None
             logger.warning(
@@ -232,7 +256,7 @@ class ProxyApp:
             raise BadGateway(f"{integration.provider} could not be reached") from None
         record.request_bytes = body.received
         try:
-            await self._stream_response(response, send, record, watch)
+            await self._stream_response(response, send, record, watch, plan.query_secrets)
         except asyncio.CancelledError:
             if not watch.absorb_cancellation():
                 raise
@@ -241,20 +265,22 @@ class ProxyApp:
             watch.stop()
             response.release()  # or closes it, when its body was not read to the end
 
-    async def _body_failed(self, send: Send, problem: "_BodyProblem", record: ProxiedRequest) -> None:
-        if isinstance(problem, _BodyTooLarge):
-            raise PayloadTooLarge(f"request body over the limit of {self.max_request_bytes} bytes")
-        record.status = 499  # the client left, or went silent, before its request was complete
-
     async def _stream_response(
-        self, response: aiohttp.ClientResponse, send: Send, record: ProxiedRequest, watch: "ClientWatch"
+        self,
+        response: aiohttp.ClientResponse,
+        send: Send,
+        record: ProxiedRequest,
+        watch: "ClientWatch",
+        query_secrets: tuple[str, ...],
     ) -> None:
-        headers = response_headers(response.raw_headers)
+        headers = response_headers(response.raw_headers, secrets=query_secrets)
         content_type = response.headers.get("Content-Type", "")
         if content_type.startswith("text/event-stream") and "X-Accel-Buffering" not in response.headers:
             headers.append((b"x-accel-buffering", b"no"))  # so a front proxy does not hold events back
         record.status = response.status
         record.content_type = content_type
+        record.content_encoding = response.headers.get("Content-Encoding", "")
+        counts_tokens = content_type.startswith(COUNTED_CONTENT_TYPES)
         await send({"type": "http.response.start", "status": response.status, "headers": headers})
         content = response.content
         kept = 0
@@ -266,11 +292,11 @@ class ProxyApp:
                 watch.finishing = done
                 if chunk:
                     record.response_bytes += len(chunk)
-                    if kept < KEPT_BODY_BYTES:
+                    if counts_tokens and kept < KEPT_BODY_BYTES:
                         record.head.append(chunk)
                         kept += len(chunk)
-                    else:
-                        record.tail.append(chunk)
+                    elif counts_tokens:
+                        record.tail.append(chunk[-TAIL_CHUNK_BYTES:])
                 await send({"type": "http.response.body", "body": chunk, "more_body": not done})
                 if done:
                     return
@@ -292,14 +318,14 @@ class ClientWatch:
     def __init__(self, receive: Receive) -> None:
         self._receive = receive
         self._task: asyncio.Task[None] | None = None
+        self._relay = asyncio.current_task()  # the relay, even when start() runs in aiohttp's body writer
         self.client_gone = False
         # uvicorn reports a disconnect once the response is complete, too: that one is not a client leaving.
         self.finishing = False
 
     def start(self) -> None:
-        relay = asyncio.current_task()
-        if relay is not None:
-            self._task = asyncio.create_task(self._watch(relay))
+        if self._relay is not None and self._task is None:
+            self._task = asyncio.create_task(self._watch(self._relay))
 
     async def _watch(self, relay: asyncio.Task[object]) -> None:
         while (await self._receive())["type"] != "http.disconnect":
@@ -326,8 +352,9 @@ class RequestBody:
     """The client's body as the upstream reads it: whole when it came in one piece, else streamed,
     counted against the limit and the client's idle time either way."""
 
-    def __init__(self, receive: Receive, *, limit: int, idle_seconds: float) -> None:
+    def __init__(self, receive: Receive, *, limit: int, idle_seconds: float, on_complete: Callable[[], None]) -> None:
         self._receive = receive
+        self._on_complete = on_complete
         self._limit = limit
         self._idle = idle_seconds
         self.received = 0
@@ -339,7 +366,7 @@ class RequestBody:
             async with asyncio.timeout(self._idle):
                 message = await self._receive()
         except TimeoutError:
-            self.problem = _ClientGone()
+            self.problem = _ClientIdle()
             raise self.problem from None
         if message["type"] == "http.disconnect":
             self.problem = _ClientGone()
@@ -350,7 +377,9 @@ class RequestBody:
             self.problem = _BodyTooLarge()
             raise self.problem
         more = bool(message.get("more_body", False))
-        self.complete = not more
+        if not more:
+            self.complete = True
+            self._on_complete()
         return chunk, more
 
     async def first(self) -> bytes | AsyncIterator[bytes] | None:

@@ -49,9 +49,6 @@ class Access:
     integration: ResolvedIntegration | None
 
 
-_UNKNOWN = object()  # cached answer for a token that names no project
-
-
 def _resolved(ctx: Context, integration: Integration) -> ResolvedIntegration:
     return ResolvedIntegration(
         provider=integration.provider,
@@ -75,19 +72,21 @@ async def resolve_access(ctx: Context, *, token: str, provider: str) -> Access |
     cache = ctx.access
     cached = cache.entries.get(key)
     if cached is None:
+        if token_hash in cache.unknown:
+            return None
         generation = cache.generation
         async with ctx.database.transaction(write=False) as repo:
             row = await repo.resolve(token_hash=token_hash, provider=provider)
         if row.token is None:
-            cached = _UNKNOWN
-        else:
-            cached = Access(
-                project_id=row.token.project_id,
-                token_hash=token_hash,
-                token_expires_at=row.token.expires_at,
-                rate_limit_per_minute=row.rate_limit_per_minute,
-                integration=None if row.integration is None else _resolved(ctx, row.integration),
-            )
+            cache.store_unknown(token_hash, generation=generation)
+            return None
+        cached = Access(
+            project_id=row.token.project_id,
+            token_hash=token_hash,
+            token_expires_at=row.token.expires_at,
+            rate_limit_per_minute=row.rate_limit_per_minute,
+            integration=None if row.integration is None else _resolved(ctx, row.integration),
+        )
         cache.store(key, cached, generation=generation)
     if not isinstance(cached, Access):
         return None

@@ -26,16 +26,20 @@ class AccessCache:
     """The proxy's resolved lookups in memory; any change clears it (contract section 6).
 
     `generation` lets a lookup that raced with a change refuse to store what it read before the change.
+    Unknown tokens are remembered apart, and fewer, so a flood of made-up tokens cannot evict real entries.
     """
 
-    def __init__(self, *, max_entries: int = 100_000) -> None:
+    def __init__(self, *, max_entries: int = 100_000, max_unknown: int = 10_000) -> None:
         self.generation = 0
         self.entries: dict[tuple[str, str], object] = {}
+        self.unknown: set[str] = set()
         self.max_entries = max_entries
+        self.max_unknown = max_unknown
 
     def invalidate(self) -> None:
         self.generation += 1
         self.entries.clear()
+        self.unknown.clear()
 
     def store(self, key: tuple[str, str], value: object, *, generation: int) -> None:
         if generation != self.generation:
@@ -43,6 +47,13 @@ class AccessCache:
         if len(self.entries) >= self.max_entries:
             self.entries.clear()  # bounded: a flood of distinct lookups costs queries, never memory
         self.entries[key] = value
+
+    def store_unknown(self, token_hash: str, *, generation: int) -> None:
+        if generation != self.generation:
+            return
+        if len(self.unknown) >= self.max_unknown:
+            self.unknown.clear()
+        self.unknown.add(token_hash)
 
 
 @dataclass

@@ -5,6 +5,7 @@ import asyncio
 import json
 import logging
 import time
+import zlib
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -17,7 +18,10 @@ from credgate.storage import UsageRow
 from credgate.storage.models import RequestRecord
 
 logger = logging.getLogger(__name__)
-KEPT_BODY_BYTES = 64 * 1024  # the head and the tail of a response body kept for token counts
+KEPT_BODY_BYTES = 64 * 1024  # the head of a response body kept for token counts
+TAIL_CHUNK_BYTES = 4096  # and the last bytes of each of its last 16 chunks
+COUNTED_CONTENT_TYPES = ("application/json", "text/event-stream")
+_MAX_INFLATED_BYTES = 1024 * 1024
 _TOKEN_TOUCH_RESOLUTION = timedelta(minutes=1)
 _PRUNE_INTERVAL_SECONDS = 3600
 
@@ -38,6 +42,7 @@ class ProxiedRequest:
     request_bytes: int = 0
     response_bytes: int = 0
     content_type: str = ""
+    content_encoding: str = ""
     head: list[bytes] = field(default_factory=list)
     tail: deque[bytes] = field(default_factory=lambda: deque(maxlen=16))
 
@@ -54,13 +59,40 @@ def _usage_of(document: object) -> tuple[int | None, int | None]:
     return (prompt if isinstance(prompt, int) else None, completion if isinstance(completion, int) else None)
 
 
-def extract_tokens(content_type: str, head: bytes, tail: bytes) -> tuple[int | None, int | None]:
+def _inflate(body: bytes, encoding: str) -> bytes:
+    """A gzip or deflate body decompressed (at most 1 MiB of it); other encodings are left as they are."""
+    if encoding not in ("gzip", "deflate", "x-gzip"):
+        return body
+    try:
+        return zlib.decompressobj(wbits=47).decompress(body, _MAX_INFLATED_BYTES)  # 47: gzip or zlib header
+    except zlib.error:
+        return b""
+
+
+def _usage_at_end(tail: bytes) -> tuple[int | None, int | None]:
+    """The `usage` object near the end of a JSON body too long to keep whole (embeddings, say)."""
+    start = tail.rfind(b'"usage"')
+    colon = tail.find(b":", start)
+    if start < 0 or colon < 0:
+        return None, None
+    try:
+        usage, _ = json.JSONDecoder().raw_decode(tail[colon + 1 :].decode("utf-8", "replace").lstrip())
+    except ValueError:
+        return None, None
+    return _usage_of({"usage": usage})
+
+
+def extract_tokens(
+    content_type: str, head: bytes, tail: bytes, *, content_encoding: str = ""
+) -> tuple[int | None, int | None]:
     """Prompt and completion tokens of a response, from its JSON body or its server-sent events."""
+    head = _inflate(head, content_encoding)
+    tail = b"" if content_encoding else tail  # a compressed tail cannot be read on its own
     if content_type.startswith("application/json"):
         try:
             return _usage_of(json.loads(head))
         except ValueError:
-            return None, None
+            return _usage_at_end(tail)
     if content_type.startswith("text/event-stream"):
         prompt = completion = None
         for chunk in (head, tail):
@@ -80,7 +112,9 @@ def extract_tokens(content_type: str, head: bytes, tail: bytes) -> tuple[int | N
 def _record_of(request: ProxiedRequest) -> dict[str, object]:
     head = b"".join(request.head)
     tail = b"".join(request.tail) if request.response_bytes > len(head) else b""
-    prompt, completion = extract_tokens(request.content_type, head, tail)
+    prompt, completion = extract_tokens(
+        request.content_type, head, tail, content_encoding=request.content_encoding.lower()
+    )
     return dict(
         at=request.at,
         project_id=request.project_id,

@@ -10,7 +10,7 @@ from alembic import command
 from alembic.config import Config
 from sqlalchemy import Connection, event, inspect, text
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import InterfaceError, OperationalError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 
 from credgate.storage.repository import Repository
@@ -40,12 +40,13 @@ class Database:
     @asynccontextmanager
     async def transaction(self, *, write: bool = True) -> AsyncIterator[Repository]:
         """A unit of work: committed when the block ends, rolled back if it raises."""
-        async with self.engine.connect() as connection:
-            if write:
-                await connection.execution_options(**{_WRITE_OPTION: True})
-            session = AsyncSession(bind=connection, expire_on_commit=False)
-            async with session, session.begin():
-                yield Repository(session)
+        with _unavailable_on_failure(only=_CONNECTION_FAILURES):
+            async with self.engine.connect() as connection:
+                if write:
+                    await connection.execution_options(**{_WRITE_OPTION: True})
+                session = AsyncSession(bind=connection, expire_on_commit=False)
+                async with session, session.begin():
+                    yield Repository(session)
 
     async def ping(self) -> None:
         with _unavailable_on_failure():
@@ -69,12 +70,18 @@ class Database:
         await self.engine.dispose()
 
 
+# The database did not answer (down, unreachable, locked too long), as opposed to a query that is wrong.
+_CONNECTION_FAILURES: tuple[type[BaseException], ...] = (OperationalError, InterfaceError, OSError)
+
+
 @contextmanager
-def _unavailable_on_failure() -> Iterator[None]:
+def _unavailable_on_failure(
+    only: tuple[type[BaseException], ...] = (SQLAlchemyError, OSError),
+) -> Iterator[None]:
     # Only the kind of failure is told: a driver's message may quote the URL and its password.
     try:
         yield
-    except (SQLAlchemyError, OSError) as error:
+    except only as error:
         raise StorageUnavailable(f"the database does not answer ({type(error).__name__})") from None
 
 
