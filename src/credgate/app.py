@@ -20,6 +20,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from credgate import __version__
 from credgate.admin_api import router as admin_api_router
+from credgate.admin_ui import create_panel
 from credgate.config import Settings
 from credgate.error_responses import error_response, install_error_handlers
 from credgate.proxy import ProxyApp, create_http_session
@@ -124,6 +125,7 @@ def create_app(
         control.state.context = context
     install_error_handlers(control)
     control.include_router(admin_api_router)
+    control.mount("/admin", create_panel(lambda: control.state.context))
 
     @control.get("/healthz", include_in_schema=False)
     async def healthz() -> dict[str, str]:

@@ -41,7 +41,7 @@ from credgate.config import Settings
 from credgate.crypto import encode_master_key, new_master_key
 from credgate.error_responses import validation_message
 from credgate.errors import Conflict, InvalidInput, NotFound, ServiceError, StartupError
-from credgate.services import admins, audit, integrations, master_keys, projects, usage
+from credgate.services import admins, audit, integrations, master_keys, panel_sessions, projects, usage
 from credgate.services.bootstrap import open_context
 from credgate.services.context import Context
 from credgate.specs import AuthSpec, Endpoint
@@ -124,7 +124,14 @@ def serve(settings: Settings, host: str | None, port: int | None) -> None:
         base = f"http://{settings.host}:{settings.port}"
         click.echo(f"credgate is serving at {base}")
         click.echo(f"  proxy:     {base}/proxy/<provider>/<endpoint>")
+        click.echo(f"  panel:     {base}/admin")
         click.echo(f"  admin API: {base}/api/v1 (create an admin token with: credgate admin create-token)")
+        setup_token = await panel_sessions.issue_setup_token(ctx)
+        if setup_token is not None:
+            # Deliberately on the operator's terminal only (never logged): it works once, until an admin exists.
+            click.echo(
+                f"\nNo admin exists yet. Create the first one, once, at:\n  {base}/admin/setup?token={setup_token}\n"
+            )
         config = uvicorn.Config(
             create_app(settings, context=ctx),
             host=settings.host,

@@ -1,0 +1,92 @@
+"""What every panel page shares: the Panel (services, memory, throttle), sign-in checks, forms and rendering."""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from starlette.datastructures import FormData
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+from starlette.templating import Jinja2Templates
+
+from credgate.admin_ui.memory import PanelMemory
+from credgate.admin_ui.security import SignInThrottle, check_csrf, check_origin, session_cookie_name
+from credgate.services.context import Context
+from credgate.services.panel_sessions import SignedIn, resume_session
+
+templates = Jinja2Templates(directory=Path(__file__).parent / "templates")
+
+
+class SignInRequired(Exception):
+    """The page needs a signed-in admin."""
+
+
+class Panel:
+    def __init__(self, get_context: Callable[[], Context]) -> None:
+        self._get_context = get_context
+        self.memory = PanelMemory()
+        self.throttle = SignInThrottle()
+
+    @property
+    def ctx(self) -> Context:
+        return self._get_context()
+
+
+@dataclass(frozen=True, slots=True)
+class Visit:
+    """A signed-in request: the panel, the admin, and the audit actor name."""
+
+    panel: Panel
+    user: SignedIn
+
+    @property
+    def ctx(self) -> Context:
+        return self.panel.ctx
+
+    @property
+    def actor(self) -> str:
+        return f"user:{self.user.username}"
+
+
+def panel_of(request: Request) -> Panel:
+    panel: Panel = request.app.state.panel
+    return panel
+
+
+async def visit(request: Request) -> Visit:
+    """The signed-in admin of this request, or SignInRequired."""
+    panel = panel_of(request)
+    secret = request.cookies.get(session_cookie_name(request))
+    user = await resume_session(panel.ctx, secret=secret) if secret else None
+    if user is None:
+        raise SignInRequired
+    return Visit(panel=panel, user=user)
+
+
+async def form_of(request: Request, current: Visit) -> FormData:
+    """The posted form, once its origin and CSRF token are checked."""
+    check_origin(request)
+    form = await request.form()
+    check_csrf(form, current.user.csrf_token)
+    return form
+
+
+def field(form: FormData, name: str) -> str:
+    value = form.get(name)
+    return value.strip() if isinstance(value, str) else ""
+
+
+def render(
+    request: Request, page: str, context: dict[str, Any], *, current: Visit | None = None, status: int = 200
+) -> Response:
+    values: dict[str, Any] = {"request": request, "user": None, "csrf": "", "messages": [], **context}
+    if current is not None:
+        messages, secret = current.panel.memory.take_flash(current.user.session_id)
+        values |= {"user": current.user, "csrf": current.user.csrf_token, "messages": messages}
+        values.setdefault("secret", secret)
+    return templates.TemplateResponse(request, page, values, status_code=status)
+
+
+def redirect(url: str) -> Response:
+    return RedirectResponse(url, status_code=303)

@@ -1,0 +1,164 @@
+"""Projects: list and create, a project's page (token, API key table, settings), usage and the audit log."""
+
+from datetime import timedelta
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from credgate.admin_ui.base import field, form_of, redirect, render, visit
+from credgate.admin_ui.charts import HEIGHT, WIDTH, bars
+from credgate.errors import InvalidInput
+from credgate.services import audit, integrations, projects, usage
+from credgate.services.projects import current_token
+
+_MAX_GRACE_SECONDS = 30 * 24 * 3600
+
+
+def _whole_number(text: str, name: str, *, low: int, high: int) -> int | None:
+    if not text:
+        return None
+    if not text.isdigit() or not low <= int(text) <= high:
+        raise InvalidInput(name, f"must be a whole number from {low} to {high}")
+    return int(text)
+
+
+async def list_projects(request: Request) -> Response:
+    current = await visit(request)
+    found = await projects.list_projects(current.ctx)
+    rows = [(project, current_token(project)) for project in found]
+    return render(request, "projects.html", {"rows": rows, "errors": {}}, current=current)
+
+
+async def create_project(request: Request) -> Response:
+    current = await visit(request)
+    name = field(await form_of(request, current), "name")
+    if not name or len(name) > 200:
+        found = await projects.list_projects(current.ctx)
+        rows = [(project, current_token(project)) for project in found]
+        errors = {"name": "Give the project a name (at most 200 characters)."}
+        return render(request, "projects.html", {"rows": rows, "errors": errors}, current=current, status=422)
+    project, secret = await projects.create_project(current.ctx, name=name, actor=current.actor)
+    current.panel.memory.flash(current.user.session_id, f"Project {name} created.", secret=secret)
+    return redirect(f"/admin/projects/{project.id}")
+
+
+async def show_project(request: Request, *, errors: dict[str, str] | None = None, status: int = 200) -> Response:
+    current = await visit(request)
+    project_id = request.path_params["project_id"]
+    project = await projects.get_project(current.ctx, project_id=project_id)
+    found = await integrations.list_integrations(current.ctx, project_id=project_id)
+    context = {"project": project, "token": current_token(project), "integrations": found, "errors": errors or {}}
+    return render(request, "project.html", context, current=current, status=status)
+
+
+async def update_project(request: Request) -> Response:
+    current = await visit(request)
+    form = await form_of(request, current)
+    project_id = request.path_params["project_id"]
+    try:
+        limit = _whole_number(field(form, "rate_limit_per_minute"), "rate_limit_per_minute", low=1, high=1_000_000)
+        name = field(form, "name")
+        if not name or len(name) > 200:
+            raise InvalidInput("name", "give the project a name (at most 200 characters)")
+    except InvalidInput as error:
+        return await show_project(request, errors={error.field: error.message.split(": ", 1)[1]}, status=422)
+    changes = projects.ProjectChanges(name=name, rate_limit_per_minute=limit)
+    await projects.update_project(current.ctx, project_id=project_id, changes=changes, actor=current.actor)
+    current.panel.memory.flash(current.user.session_id, "Project settings saved.")
+    return redirect(f"/admin/projects/{project_id}")
+
+
+async def rotate_token(request: Request) -> Response:
+    current = await visit(request)
+    form = await form_of(request, current)
+    project_id = request.path_params["project_id"]
+    try:
+        grace = _whole_number(field(form, "grace_seconds"), "grace_seconds", low=0, high=_MAX_GRACE_SECONDS) or 0
+        expires = _whole_number(field(form, "expires_in_days"), "expires_in_days", low=1, high=3650)
+    except InvalidInput as error:
+        return await show_project(request, errors={error.field: error.message.split(": ", 1)[1]}, status=422)
+    _, secret = await projects.rotate_project_token(
+        current.ctx,
+        project_id=project_id,
+        grace_seconds=grace,
+        expires_in_seconds=None if expires is None else int(timedelta(days=expires).total_seconds()),
+        actor=current.actor,
+    )
+    note = f"the previous token keeps working for {grace} seconds" if grace else "the previous token stopped working"
+    current.panel.memory.flash(current.user.session_id, f"New project token issued; {note}.", secret=secret)
+    return redirect(f"/admin/projects/{project_id}")
+
+
+async def revoke_token(request: Request) -> Response:
+    current = await visit(request)
+    await form_of(request, current)
+    project_id = request.path_params["project_id"]
+    await projects.revoke_project_tokens(current.ctx, project_id=project_id, actor=current.actor)
+    current.panel.memory.flash(current.user.session_id, "Project token revoked: no client can use it any more.")
+    return redirect(f"/admin/projects/{project_id}")
+
+
+async def confirm_delete(request: Request) -> Response:
+    current = await visit(request)
+    project = await projects.get_project(current.ctx, project_id=request.path_params["project_id"])
+    context = {
+        "title": f"Delete project {project.name}?",
+        "consequence": "Its token stops working at once and every provider key it holds is destroyed.",
+        "action": f"/admin/projects/{project.id}/delete",
+        "button": "Delete project",
+        "back": f"/admin/projects/{project.id}",
+    }
+    return render(request, "confirm.html", context, current=current)
+
+
+async def delete_project(request: Request) -> Response:
+    current = await visit(request)
+    await form_of(request, current)
+    await projects.delete_project(current.ctx, project_id=request.path_params["project_id"], actor=current.actor)
+    current.panel.memory.flash(current.user.session_id, "Project deleted.")
+    return redirect("/admin/projects")
+
+
+async def show_usage(request: Request) -> Response:
+    current = await visit(request)
+    project_id = request.path_params["project_id"]
+    project = await projects.get_project(current.ctx, project_id=project_id)
+    _, _, by_day = await usage.summarize_usage(
+        current.ctx, project_id=project_id, since=None, until=None, group_by="day"
+    )
+    _, _, by_provider = await usage.summarize_usage(
+        current.ctx, project_id=project_id, since=None, until=None, group_by="provider"
+    )
+    recent = await usage.list_request_records(current.ctx, project_id=project_id, limit=50)
+    context = {
+        "project": project,
+        "requests_by_day": bars([(row.group, row.requests) for row in by_day]),
+        "errors_by_day": bars([(row.group, row.errors) for row in by_day]),
+        "tokens_by_provider": bars([(row.group, row.prompt_tokens + row.completion_tokens) for row in by_provider]),
+        "by_provider": by_provider,
+        "recent": recent,
+        "chart_width": WIDTH,
+        "chart_height": HEIGHT,
+    }
+    return render(request, "usage.html", context, current=current)
+
+
+async def show_audit(request: Request) -> Response:
+    current = await visit(request)
+    events = await audit.list_audit_events(current.ctx, limit=200)
+    return render(request, "audit.html", {"events": events}, current=current)
+
+
+routes = [
+    Route("/projects", list_projects, methods=["GET"]),
+    Route("/projects", create_project, methods=["POST"]),
+    Route("/projects/{project_id}", show_project, methods=["GET"]),
+    Route("/projects/{project_id}", update_project, methods=["POST"]),
+    Route("/projects/{project_id}/token/rotate", rotate_token, methods=["POST"]),
+    Route("/projects/{project_id}/token/revoke", revoke_token, methods=["POST"]),
+    Route("/projects/{project_id}/delete", confirm_delete, methods=["GET"]),
+    Route("/projects/{project_id}/delete", delete_project, methods=["POST"]),
+    Route("/projects/{project_id}/usage", show_usage, methods=["GET"]),
+    Route("/audit", show_audit, methods=["GET"]),
+]
