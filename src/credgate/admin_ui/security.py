@@ -20,7 +20,7 @@ SECURITY_HEADERS = [
         b"base-uri 'none'; form-action 'self'; frame-ancestors 'none'",
     ),
     (b"x-content-type-options", b"nosniff"),
-    (b"referrer-policy", b"no-referrer"),
+    (b"referrer-policy", b"same-origin"),  # "no-referrer" makes browsers send `Origin: null` on posts
     (b"x-frame-options", b"DENY"),
     (b"cache-control", b"no-store"),
 ]

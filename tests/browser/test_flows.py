@@ -1,0 +1,182 @@
+"""The specification's panel flows in a real browser, each followed by a real proxied call."""
+
+import re
+from pathlib import Path
+
+import httpx
+from playwright.async_api import Page, expect
+
+from tests.browser.conftest import PASSWORD, screenshot, seen, sign_in
+from tests.e2e.conftest import RunningGateway
+from tests.secret_sweep import SWEEP
+from tests.upstream import Upstream
+
+CHAT = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}
+KEY = "sk-test-panel-first-key-0000abcd"
+EDITED_KEY = "sk-test-panel-edited-key-0000efgh"
+ROTATED_KEY = "sk-test-panel-rotated-key-000ijkl"
+CUSTOM_KEY = "custom-test-key-00000000mnop"
+for _key in (KEY, EDITED_KEY, ROTATED_KEY, CUSTOM_KEY):
+    SWEEP.register(_key)
+
+
+async def create_project(page: Page, gateway: RunningGateway, name: str = "My app") -> tuple[str, str]:
+    """Create a project in the panel; returns its page URL and the token shown once."""
+    await page.goto(f"{gateway.url}/admin/projects")
+    await page.get_by_label("Name").fill(name)
+    await page.get_by_role("button", name="Create project").click()
+    token = (await page.locator("#new-secret").inner_text()).strip()
+    assert token.startswith("cgp_")
+    project_url = page.url
+    await page.reload()
+    assert token not in await seen(page), "the token is shown once only"
+    return project_url, token
+
+
+async def proxied(gateway: RunningGateway, token: str, path: str, body: object = CHAT) -> httpx.Response:
+    async with httpx.AsyncClient() as client:
+        return await client.post(f"{gateway.url}/proxy/{path}", json=body, headers={"Authorization": f"Bearer {token}"})
+
+
+async def point_at(gateway: RunningGateway, project_url: str, provider: str, upstream: Upstream) -> None:
+    """The OpenAI template points at api.openai.com; tests move it to the stand-in (with the CLI)."""
+    project_id = project_url.rstrip("/").rsplit("/", 1)[1]
+    result = gateway.cli("integrations", "update", project_id, provider, "--base-url", f"{upstream.url}/v1")
+    assert result.returncode == 0, result.stderr
+
+
+async def test_first_run_setup_link_creates_the_admin_once(
+    served: tuple[RunningGateway, str], page: Page, tmp_path: Path
+) -> None:
+    gateway, link = served
+    await page.goto(link)
+    await screenshot(page, "setup", tmp_path)
+    await page.get_by_label("Username").fill("first")
+    await page.get_by_label("Password (at least 12 characters)").fill(PASSWORD)
+    await page.get_by_label("Password again").fill(PASSWORD)
+    await page.get_by_role("button", name="Create account").click()
+    await expect(page.get_by_role("status")).to_contain_text("Your account is ready")
+    await page.goto(link)
+    await expect(page.get_by_role("heading")).to_contain_text("This setup link is not valid")
+    await sign_in(page, gateway, "first")
+    await expect(page.get_by_role("heading", name="Projects")).to_be_visible()
+    await expect(page.locator(".empty")).to_contain_text("No project yet")
+
+
+async def test_add_new_api_from_the_chat_template_then_the_image_template_without_the_key(
+    gateway: RunningGateway, page: Page, upstream: Upstream, tmp_path: Path
+) -> None:
+    await sign_in(page, gateway)
+    project_url, token = await create_project(page, gateway)
+    await screenshot(page, "project-empty", tmp_path)
+    await page.get_by_role("link", name="Add new API").first.click()
+    await screenshot(page, "add-new-api", tmp_path)
+    await page.get_by_role("link", name=re.compile("openai")).click()
+    await page.get_by_label("openai API key").fill(KEY)
+    await page.get_by_label(re.compile("Chat completions")).check()
+    await page.get_by_role("button", name="Review").click()
+    await expect(page.locator(".summary")).to_contain_text("chat/completions")
+    assert KEY not in await seen(page)
+    await screenshot(page, "review", tmp_path)
+    await page.get_by_role("button", name="Save").click()
+    await expect(page.locator(".keys")).to_contain_text("…abcd")
+    await point_at(gateway, project_url, "openai", upstream)
+    assert (await proxied(gateway, token, "openai/chat/completions")).status_code == 200
+    assert upstream.last.header("authorization") == f"Bearer {KEY}"
+
+    await page.goto(f"{project_url}/add?provider=openai")
+    await expect(page.get_by_label("openai API key")).to_have_count(0)  # the key is asked only once
+    await page.get_by_label(re.compile("Image generations")).check()
+    await page.get_by_role("button", name="Review").click()
+    await expect(page.locator(".summary")).to_contain_text("the stored key is kept")
+    await page.get_by_role("button", name="Save").click()
+    await expect(page.get_by_role("status").first).to_contain_text("stored key is kept")
+    images = await proxied(gateway, token, "openai/images/generations", {"prompt": "a cat", "n": 1, "size": "256x256"})
+    assert images.status_code == 200
+    await screenshot(page, "project", tmp_path)
+
+
+async def test_custom_configure_then_endpoints(
+    gateway: RunningGateway, page: Page, upstream: Upstream, tmp_path: Path
+) -> None:
+    await sign_in(page, gateway)
+    _, token = await create_project(page, gateway)
+    await page.get_by_role("link", name="Custom Configure").first.click()
+    await page.get_by_label("Name in proxy paths").fill("acme")
+    await page.get_by_label("Base URL").fill(f"{upstream.url}/v1")
+    await page.get_by_label("API key").fill(CUSTOM_KEY)
+    await page.get_by_label("How the key is sent").select_option("header")
+    await page.get_by_label("Header or parameter name").fill("x-api-key")
+    await screenshot(page, "custom-configure", tmp_path)
+    await page.get_by_role("button", name="Create, then configure endpoints").click()
+    await expect(page.get_by_role("heading")).to_contain_text("Endpoints of acme")
+    assert (await proxied(gateway, token, "acme/chat/completions")).status_code == 403  # none allowed yet
+    await page.get_by_label("Method of new row 1").select_option("POST")
+    await page.get_by_label("Path of new row 1").fill("chat/completions")
+    await page.get_by_role("button", name="Save endpoints").click()
+    await expect(page.get_by_label("Path of row 1")).to_have_value("chat/completions")
+    await screenshot(page, "endpoints", tmp_path)
+    assert (await proxied(gateway, token, "acme/chat/completions")).status_code == 200
+    assert upstream.last.header("x-api-key") == CUSTOM_KEY
+    assert (await proxied(gateway, token, "acme/images/generations", {})).status_code == 403
+
+
+async def test_edit_rotate_and_revoke_a_key(gateway: RunningGateway, page: Page, upstream: Upstream) -> None:
+    await sign_in(page, gateway)
+    project_url, token = await create_project(page, gateway)
+    await page.goto(f"{project_url}/add?provider=openai")
+    await page.get_by_label("openai API key").fill(KEY)
+    await page.get_by_role("button", name="Review").click()
+    await page.get_by_role("button", name="Save").click()
+    await point_at(gateway, project_url, "openai", upstream)
+
+    for action, key, hint in (("Edit", EDITED_KEY, "…efgh"), ("Rotate", ROTATED_KEY, "…ijkl")):
+        await page.goto(project_url)
+        await page.get_by_role("link", name=action, exact=True).click()
+        await page.get_by_label("New API key").fill(key)
+        await page.get_by_role("button", name="Save key").click()
+        await expect(page.locator(".keys")).to_contain_text(hint)
+        assert (await proxied(gateway, token, "openai/chat/completions")).status_code == 200
+        assert upstream.last.header("authorization") == f"Bearer {key}"
+
+    await page.get_by_role("link", name="Revoke", exact=True).click()
+    await expect(page.locator(".warning")).to_contain_text("gets 403 until a new key is set")
+    await page.get_by_role("button", name="Revoke key").click()
+    await expect(page.locator(".keys")).to_contain_text("revoked")
+    revoked = await proxied(gateway, token, "openai/chat/completions")
+    assert (revoked.status_code, revoked.headers["x-credgate-error"]) == (403, "true")
+
+
+async def test_usage_and_audit_pages(gateway: RunningGateway, page: Page, upstream: Upstream, tmp_path: Path) -> None:
+    await sign_in(page, gateway)
+    project_url, token = await create_project(page, gateway)
+    await page.goto(f"{project_url}/add?provider=openai")
+    await page.get_by_label("openai API key").fill(KEY)
+    await page.get_by_role("button", name="Review").click()
+    await page.get_by_role("button", name="Save").click()
+    await point_at(gateway, project_url, "openai", upstream)
+    for _ in range(3):
+        await proxied(gateway, token, "openai/chat/completions")
+    await page.wait_for_timeout(600)  # the request log is written within a second
+    await page.goto(f"{project_url}/usage")
+    titles = await page.locator("svg rect title").all_text_contents()
+    assert [title.split(": ")[1] for title in titles] == ["3", "0", "36"]  # requests, errors, tokens (3 x 12)
+    assert titles[2] == "openai: 36"
+    await expect(page.locator("table").first).to_contain_text("openai")
+    await screenshot(page, "usage", tmp_path)
+    await page.goto(f"{gateway.url}/admin/audit")
+    await expect(page.locator("table")).to_contain_text("integration.create")
+    await screenshot(page, "audit", tmp_path)
+
+
+async def test_a_phone_sized_screen_shows_the_key_table(gateway: RunningGateway, page: Page, tmp_path: Path) -> None:
+    await page.set_viewport_size({"width": 390, "height": 844})
+    await sign_in(page, gateway)
+    project_url, _ = await create_project(page, gateway)
+    await page.goto(f"{project_url}/add?provider=openai")
+    await page.get_by_label("openai API key").fill(KEY)
+    await page.get_by_role("button", name="Review").click()
+    await page.get_by_role("button", name="Save").click()
+    await expect(page.get_by_role("link", name="Rotate", exact=True)).to_be_visible()
+    assert await page.evaluate("document.documentElement.scrollWidth <= window.innerWidth + 1")
+    await screenshot(page, "phone", tmp_path)
