@@ -1,5 +1,5 @@
 """Browser fixtures: Debian's Chromium driven by Playwright against a real `credgate serve` and the stand-in
-upstream. Every page a test sees goes through the secret sweep. Set CREDGATE_SCREENSHOTS=docs/screenshots to
+upstream. Every page a test sees goes through the secret sweep. Set CREDGATE_TEST_SCREENSHOTS=docs/screenshots to
 refresh the README's screenshots."""
 
 import os
@@ -96,6 +96,6 @@ async def sign_in(page: Page, gateway: RunningGateway, username: str = "admin", 
 
 
 async def screenshot(page: Page, name: str, tmp_path: Path) -> None:
-    """Into tmp_path, or into CREDGATE_SCREENSHOTS when set (which must exist)."""
-    folder = os.environ.get("CREDGATE_SCREENSHOTS", str(tmp_path))
+    """Into tmp_path, or into CREDGATE_TEST_SCREENSHOTS when set (which must exist)."""
+    folder = os.environ.get("CREDGATE_TEST_SCREENSHOTS", str(tmp_path))
     await page.screenshot(path=f"{folder}/{name}.png", full_page=True)

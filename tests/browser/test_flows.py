@@ -160,8 +160,10 @@ async def test_usage_and_audit_pages(gateway: RunningGateway, page: Page, upstre
     await page.wait_for_timeout(600)  # the request log is written within a second
     await page.goto(f"{project_url}/usage")
     titles = await page.locator("svg rect title").all_text_contents()
-    assert [title.split(": ")[1] for title in titles] == ["3", "0", "36"]  # requests, errors, tokens (3 x 12)
-    assert titles[2] == "openai: 36"
+    assert len(titles) == 14 + 14 + 1  # two charts of the last 14 days, one bar per provider
+    assert titles[13].endswith(": 3")  # today's requests
+    assert sum(int(title.split(": ")[1]) for title in titles[14:28]) == 0  # no errors
+    assert titles[28] == "openai: 36"  # 3 requests of 9 + 3 tokens
     await expect(page.locator("table").first).to_contain_text("openai")
     await screenshot(page, "usage", tmp_path)
     await page.goto(f"{gateway.url}/admin/audit")

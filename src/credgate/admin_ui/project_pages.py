@@ -13,6 +13,7 @@ from credgate.services import audit, integrations, projects, usage
 from credgate.services.projects import current_token
 
 _MAX_GRACE_SECONDS = 30 * 24 * 3600
+_CHART_DAYS = 14
 
 
 def _whole_number(text: str, name: str, *, low: int, high: int) -> int | None:
@@ -131,10 +132,13 @@ async def show_usage(request: Request) -> Response:
         current.ctx, project_id=project_id, since=None, until=None, group_by="provider"
     )
     recent = await usage.list_request_records(current.ctx, project_id=project_id, limit=50)
+    today = current.ctx.clock().date()
+    days = [(today - timedelta(days=back)).isoformat() for back in range(_CHART_DAYS - 1, -1, -1)]
+    requests, errors = {row.group: row.requests for row in by_day}, {row.group: row.errors for row in by_day}
     context = {
         "project": project,
-        "requests_by_day": bars([(row.group, row.requests) for row in by_day]),
-        "errors_by_day": bars([(row.group, row.errors) for row in by_day]),
+        "requests_by_day": bars([(day[5:], requests.get(day, 0)) for day in days]),
+        "errors_by_day": bars([(day[5:], errors.get(day, 0)) for day in days]),
         "tokens_by_provider": bars([(row.group, row.prompt_tokens + row.completion_tokens) for row in by_provider]),
         "by_provider": by_provider,
         "recent": recent,
