@@ -49,6 +49,7 @@ from credgate.services.usage import (
 from credgate.specs import METHODS, PROVIDER_NAME
 
 logger = logging.getLogger(__name__)
+WATCH_DELAY_SECONDS = 0.2
 UNAUTHORIZED_MESSAGE = "invalid project token or expired authentication"
 _JSON_ERROR_HEADERS = [(b"content-type", b"application/json"), (ERROR_HEADER.encode(), b"true")]
 
@@ -311,12 +312,16 @@ class ProxyApp:
 
 
 class ClientWatch:
-    """Notices a client that leaves once its request is read, and cancels the relay at once, so the upstream
+    """Notices a client that leaves once its request is read, and cancels the relay, so the upstream
     connection is freed whether the upstream is still thinking or streaming (uvicorn's `send` would just
-    drop the bytes and let the relay run on)."""
+    drop the bytes and let the relay run on).
+
+    The watching task starts only if the relay is still running after `WATCH_DELAY_SECONDS`: a quick exchange
+    costs a timer, not a task, and a slow one (a generation) notices a departed client within that delay."""
 
     def __init__(self, receive: Receive) -> None:
         self._receive = receive
+        self._timer: asyncio.TimerHandle | None = None
         self._task: asyncio.Task[None] | None = None
         self._relay = asyncio.current_task()  # the relay, even when start() runs in aiohttp's body writer
         self.client_gone = False
@@ -324,7 +329,11 @@ class ClientWatch:
         self.finishing = False
 
     def start(self) -> None:
-        if self._relay is not None and self._task is None:
+        if self._relay is not None and self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(WATCH_DELAY_SECONDS, self._begin)
+
+    def _begin(self) -> None:
+        if self._relay is not None and not self._relay.done():
             self._task = asyncio.create_task(self._watch(self._relay))
 
     async def _watch(self, relay: asyncio.Task[object]) -> None:
@@ -335,6 +344,8 @@ class ClientWatch:
             relay.cancel()
 
     def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
         if self._task is not None:
             self._task.cancel()
             self._task = None

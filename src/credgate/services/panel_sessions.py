@@ -5,6 +5,7 @@ import hmac
 import secrets
 from dataclasses import dataclass
 from datetime import timedelta
+from functools import cache
 
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
@@ -20,8 +21,13 @@ ABSOLUTE_TIMEOUT = timedelta(hours=12)
 SETUP_META_NAME = "setup_token_hash"  # the meta row holding the hash (never the token)
 _SEEN_RESOLUTION = timedelta(minutes=1)
 _password_hasher = PasswordHasher()
-# Verified against when the user does not exist, so a wrong username costs as much time as a wrong password.
-_DUMMY_HASH = _password_hasher.hash(secrets.token_urlsafe(16))
+
+
+@cache
+def _dummy_hash() -> str:
+    """Verified against when the user does not exist, so a wrong username costs as much as a wrong password.
+    Made at the first sign-in, not at import: argon2 takes 64 MiB to hash."""
+    return _password_hasher.hash(secrets.token_urlsafe(16))
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +44,7 @@ async def sign_in(ctx: Context, *, username: str, password: str) -> tuple[str, S
     async with ctx.database.transaction(write=False) as repo:
         user = await repo.find_admin_user(username)
     try:
-        _password_hasher.verify(user.password_hash if user else _DUMMY_HASH, password)
+        _password_hasher.verify(user.password_hash if user else _dummy_hash(), password)
     except (VerificationError, InvalidHashError):
         raise Unauthorized("wrong username or password") from None
     if user is None:

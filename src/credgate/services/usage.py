@@ -144,7 +144,7 @@ class UsageRecorder:
         *,
         retention: timedelta = timedelta(days=30),
         max_pending: int = 20_000,
-        flush_seconds: float = 0.25,
+        flush_seconds: float = 0.1,
     ) -> None:
         self._ctx = ctx
         self._retention = retention
