@@ -66,7 +66,8 @@ async def database(backend: str, tmp_path: Path) -> AsyncIterator[tuple[str, dic
 
 @pytest.fixture
 def settings(database: tuple[str, dict[str, Any]], tmp_path: Path) -> Settings:
-    return Settings(data_dir=tmp_path / "data", database_url=database[0])
+    # The stand-in upstreams listen on loopback; tests of the SSRF guard turn this off.
+    return Settings(data_dir=tmp_path / "data", database_url=database[0], allow_private_upstreams=True)
 
 
 @pytest.fixture

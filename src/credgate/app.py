@@ -91,7 +91,7 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         ctx = context or await open_context(settings)
-        session = http_session or create_http_session()
+        session = http_session or create_http_session(allow_private_upstreams=settings.allow_private_upstreams)
         recorder = UsageRecorder(ctx, retention=timedelta(days=settings.request_log_days))
         app.state.context = ctx
         gateway.proxy = ProxyApp(ctx, settings, session, recorder)

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ import httpx
 import pytest
 import uvicorn
 
-from credgate.app import create_app
+from credgate.app import Gateway, create_app
 from credgate.config import Settings
 from credgate.services import integrations, projects
 from credgate.services.context import Context
@@ -116,11 +117,10 @@ async def upstream() -> AsyncIterator[Upstream]:
         yield running
 
 
-@pytest.fixture
-async def gateway_url(settings: Settings, ctx: Context) -> AsyncIterator[str]:
-    """The gateway's base URL, served by uvicorn as `credgate serve` does, with DEBUG logging on."""
+@asynccontextmanager
+async def serving(app: Gateway) -> AsyncIterator[str]:
+    """An ASGI app under uvicorn, as `credgate serve` runs it, on a free port of this event loop."""
     port = free_port()
-    app = create_app(settings.model_copy(update={"allow_private_upstreams": True}), context=ctx)
     config = uvicorn.Config(
         app,
         host="127.0.0.1",
@@ -142,6 +142,13 @@ async def gateway_url(settings: Settings, ctx: Context) -> AsyncIterator[str]:
     finally:
         server.should_exit = True
         await task
+
+
+@pytest.fixture
+async def gateway_url(settings: Settings, ctx: Context) -> AsyncIterator[str]:
+    """The gateway's base URL, with DEBUG logging on, private (stand-in) upstreams allowed."""
+    async with serving(create_app(settings.model_copy(update={"allow_private_upstreams": True}), context=ctx)) as url:
+        yield url
 
 
 @dataclass

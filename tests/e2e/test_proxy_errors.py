@@ -25,7 +25,9 @@ CHAT = {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}
 
 @pytest.fixture
 def settings(database: tuple[str, dict[str, Any]], tmp_path: Path) -> Settings:
-    return Settings(data_dir=tmp_path / "data", database_url=database[0], max_request_bytes=LIMIT)
+    return Settings(
+        data_dir=tmp_path / "data", database_url=database[0], max_request_bytes=LIMIT, allow_private_upstreams=True
+    )
 
 
 @pytest.fixture

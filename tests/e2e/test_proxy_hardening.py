@@ -15,7 +15,12 @@ from tests.upstream import Upstream
 
 @pytest.fixture
 def settings(database: tuple[str, dict[str, object]], tmp_path: Path) -> Settings:
-    return Settings(data_dir=tmp_path / "data", database_url=database[0], client_body_timeout_seconds=0.5)
+    return Settings(
+        data_dir=tmp_path / "data",
+        database_url=database[0],
+        client_body_timeout_seconds=0.5,
+        allow_private_upstreams=True,
+    )
 
 
 async def raw_request(

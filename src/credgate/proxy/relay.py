@@ -28,6 +28,7 @@ from credgate.errors import (
     Unauthorized,
     Unavailable,
 )
+from credgate.proxy.guard import NonPublicAddress, PublicOnlyResolver, refuses_numeric_host
 from credgate.proxy.limits import RateLimiter, retry_after_header
 from credgate.proxy.plan import (
     check_target,
@@ -70,10 +71,15 @@ class _ClientIdle(_BodyProblem):
     pass
 
 
-def create_http_session(*, max_connections: int = 1000) -> aiohttp.ClientSession:
-    """The outbound client: raw bytes both ways, no redirects, no headers of its own."""
+def create_http_session(*, allow_private_upstreams: bool, max_connections: int = 1000) -> aiohttp.ClientSession:
+    """The outbound client: raw bytes both ways, no redirects, no headers of its own, and (unless private
+    upstreams are allowed) public addresses only."""
     connector = aiohttp.TCPConnector(
-        limit=max_connections, limit_per_host=0, ttl_dns_cache=10, enable_cleanup_closed=True
+        limit=max_connections,
+        limit_per_host=0,
+        ttl_dns_cache=10,
+        enable_cleanup_closed=True,
+        resolver=None if allow_private_upstreams else PublicOnlyResolver(),
     )
     session = aiohttp.ClientSession(
         connector=connector,
@@ -111,6 +117,8 @@ class ProxyApp:
         self.upstream_idle_seconds = upstream_idle_seconds
         self.rate_limiter = RateLimiter()
         self.in_flight = 0
+        self.allow_private_upstreams = settings.allow_private_upstreams
+        self._refused_bases: dict[str, bool] = {}  # base URL → its numeric host is non-public
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.in_flight >= self.max_in_flight:
@@ -207,6 +215,10 @@ class ProxyApp:
         raw_endpoint: str,
         record: ProxiedRequest,
     ) -> None:
+        if not self.allow_private_upstreams and self._refuses(integration.base_url):
+            raise BadGateway(
+                f"{integration.provider}'s address is not public; refused (CREDGATE_ALLOW_PRIVATE_UPSTREAMS)"
+            )
         plan = plan_upstream(
             method=scope["method"],
             raw_endpoint=raw_endpoint,
@@ -248,6 +260,10 @@ class ProxyApp:
                 return
             if isinstance(error, TimeoutError) and not isinstance(error, aiohttp.ConnectionTimeoutError):
                 raise GatewayTimeout(f"{integration.provider} did not answer in time") from None
+            if isinstance(getattr(error, "os_error", None), NonPublicAddress):
+                raise BadGateway(
+                    f"{integration.provider} resolves to no public address; refused (CREDGATE_ALLOW_PRIVATE_UPSTREAMS)"
+                ) from None
             logger.warning(
                 "upstream %s unreachable for request %s: %s",
                 integration.provider,
@@ -265,6 +281,14 @@ class ProxyApp:
         finally:
             watch.stop()
             response.release()  # or closes it, when its body was not read to the end
+
+    def _refuses(self, base_url: str) -> bool:
+        refused = self._refused_bases.get(base_url)
+        if refused is None:
+            if len(self._refused_bases) > 10_000:
+                self._refused_bases.clear()
+            refused = self._refused_bases[base_url] = refuses_numeric_host(URL(base_url).host or "")
+        return refused
 
     async def _stream_response(
         self,

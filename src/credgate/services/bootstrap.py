@@ -46,4 +46,9 @@ async def _open(settings: Settings, database: Database) -> Context:
             await ensure_key_check(repo, keyring)
     except StorageUnavailable as error:
         raise StartupError(f"cannot open the database: {error}") from None
-    return Context(database=database, keyring=keyring, templates=builtin_templates())
+    return Context(
+        database=database,
+        keyring=keyring,
+        templates=builtin_templates(),
+        allow_private_upstreams=settings.allow_private_upstreams,
+    )

@@ -63,6 +63,7 @@ class Context:
     templates: Mapping[str, Template]
     access: AccessCache = field(default_factory=AccessCache)
     clock: Callable[[], datetime] = utcnow
+    allow_private_upstreams: bool = False
 
     @asynccontextmanager
     async def change(

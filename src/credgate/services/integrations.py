@@ -4,6 +4,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from credgate.errors import Conflict, InvalidInput, NotFound
+from credgate.netguard import UpstreamRefused, check_upstream_url
 from credgate.services.context import Context, new_id
 from credgate.services.projects import require_project
 from credgate.services.provider_keys import (
@@ -30,6 +31,13 @@ class IntegrationChanges:
     headers: dict[str, str] | None = None
     query: dict[str, str] | None = None
     timeout_seconds: float | None = None
+
+
+async def _check_upstream(ctx: Context, base_url: str) -> None:
+    try:
+        await check_upstream_url(base_url, allow_private=ctx.allow_private_upstreams)
+    except UpstreamRefused as error:
+        raise InvalidInput("base_url", str(error)) from None
 
 
 async def require_integration(repo: Repository, project_id: str, provider: str) -> Integration:
@@ -68,6 +76,7 @@ async def add_template_integration(
     template = ctx.templates.get(template_id)
     if template is None:
         raise InvalidInput("template", f"unknown template {template_id}")
+    await _check_upstream(ctx, base_url or template.base_url)
     async with ctx.change(actor=actor, action="integration.create", project_id=project_id, provider=provider) as repo:
         await require_project(repo, project_id)
         integration = await repo.get_integration(project_id, provider)
@@ -115,6 +124,7 @@ async def add_custom_integration(
 ) -> Integration:
     """Set a provider up by hand; it allows no endpoint until they are configured."""
     auth = auth or BearerAuth()
+    await _check_upstream(ctx, base_url)
     async with ctx.change(actor=actor, action="integration.create", project_id=project_id, provider=provider) as repo:
         await require_project(repo, project_id)
         if await repo.get_integration(project_id, provider) is not None:
@@ -213,6 +223,8 @@ async def get_integration(ctx: Context, *, project_id: str, provider: str) -> In
 async def update_integration(
     ctx: Context, *, project_id: str, provider: str, changes: IntegrationChanges, actor: str
 ) -> Integration:
+    if changes.base_url is not None:
+        await _check_upstream(ctx, changes.base_url)
     async with ctx.change(actor=actor, action="integration.update", project_id=project_id, provider=provider) as repo:
         integration = await require_integration(repo, project_id, provider)
         if changes.auth is not None:
