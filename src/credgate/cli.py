@@ -33,10 +33,11 @@ from credgate.admin_api.schemas import (
     ProjectOut,
     ProjectSecretOut,
     RequestRecordOut,
+    TemplateOut,
     UsageOut,
 )
 from credgate.app import create_app
-from credgate.catalog import builtin_templates
+from credgate.catalog import Template
 from credgate.config import Settings
 from credgate.crypto import encode_master_key, new_master_key
 from credgate.error_responses import validation_message
@@ -547,8 +548,12 @@ def keys_revoke(settings: Settings, project_id: str, provider: str) -> None:
 @main.command("templates")
 @pass_settings
 def templates_list(settings: Settings) -> None:
-    """List the integration templates."""
-    _print(list(builtin_templates().values()))
+    """List the integration templates, built-in and the data dir's own."""
+    _print([TemplateOut.of(template) for template in _run(settings, _templates)])
+
+
+async def _templates(ctx: Context) -> list[Template]:
+    return list(ctx.templates.values())
 
 
 @main.command("audit")

@@ -71,7 +71,7 @@ async def test_add_new_api_from_the_chat_template_then_the_image_template_withou
     await screenshot(page, "project-empty", tmp_path)
     await page.get_by_role("link", name="Add new API").first.click()
     await screenshot(page, "add-new-api", tmp_path)
-    await page.get_by_role("link", name=re.compile("openai")).click()
+    await page.get_by_role("link", name=re.compile(r"^openai ")).click()
     await page.get_by_label("openai API key").fill(KEY)
     await page.get_by_label(re.compile("Chat completions")).check()
     await page.get_by_role("button", name="Review").click()

@@ -21,11 +21,11 @@ from credgate.admin_api.schemas import (
     ProjectPatchIn,
     ProjectSecretOut,
     RequestRecordOut,
+    TemplateOut,
     TokenRotateIn,
     UsageOut,
     actor_of,
 )
-from credgate.catalog import Template
 from credgate.errors import InvalidInput, Unauthorized
 from credgate.services import admins, audit, integrations, projects, usage
 from credgate.services.context import Context
@@ -137,8 +137,8 @@ async def revoke_project_token(project_id: str, ctx: ContextDep, actor: Actor) -
 
 
 @router.get("/templates")
-async def list_templates(ctx: ContextDep, _actor: Actor) -> ItemsOut[Template]:
-    return ItemsOut(items=list(ctx.templates.values()))
+async def list_templates(ctx: ContextDep, _actor: Actor) -> ItemsOut[TemplateOut]:
+    return ItemsOut(items=[TemplateOut.of(template) for template in ctx.templates.values()])
 
 
 # integrations

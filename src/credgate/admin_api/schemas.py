@@ -7,6 +7,7 @@ from typing import Annotated, Any, Generic, Literal, Self, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
+from credgate.catalog import Template
 from credgate.services.projects import current_token
 from credgate.specs import AuthSpec, BaseUrl, Endpoint, HeaderMap, ProviderName, QueryMap
 from credgate.storage import UsageRow
@@ -83,6 +84,37 @@ class ProjectSecretOut(BaseModel):
 
     project: ProjectOut
     secret: str
+
+
+# templates
+
+
+class TemplateOut(BaseModel):
+    """A template as the contract shows it."""
+
+    id: str
+    provider: str
+    name: str
+    description: str
+    base_url: str
+    auth: dict[str, Any]
+    endpoints: list[Endpoint]
+    headers: dict[str, str]
+    query: dict[str, str]
+
+    @classmethod
+    def of(cls, template: Template) -> Self:
+        return cls(
+            id=template.id,
+            provider=template.provider,
+            name=template.name,
+            description=template.description,
+            base_url=template.base_url,
+            auth=template.auth.model_dump(),
+            endpoints=list(template.endpoints),
+            headers=dict(template.headers),
+            query=dict(template.query),
+        )
 
 
 # integrations

@@ -74,6 +74,7 @@ async def add_api_submit(request: Request) -> Response:
     catalog = _catalog(current)
     provider, name, template_id = field(form, "provider"), field(form, "name"), field(form, "template")
     api_key = str(form.get("api_key") or "").strip()
+    base_url = field(form, "base_url") or None
     existing = await _existing(current, project.id)
     errors: dict[str, str] = {}
     try:
@@ -86,6 +87,14 @@ async def add_api_submit(request: Request) -> Response:
         errors["api_key"] = "Enter the provider's API key: it is asked only this first time."
     if name in existing and api_key:
         errors["api_key"] = "This provider is set up already and keeps its key; change it from the key table."
+    template = current.ctx.templates.get(template_id)
+    if base_url is not None:
+        try:
+            base_url = check_base_url(base_url)
+        except ValueError as error:
+            errors["base_url"] = f"The base URL {error}."
+    elif template is not None and template.requires_base_url and name not in existing:
+        errors["base_url"] = "This provider has an address per account: enter yours."
     if errors:
         context = {
             "project": project,
@@ -95,6 +104,7 @@ async def add_api_submit(request: Request) -> Response:
             "needs_key": name not in existing,
             "errors": errors,
             "chosen": template_id,
+            "base_url": base_url or "",
         }
         return render(request, "add_details.html", context, current=current, status=422)
     pending = PendingSetup(
@@ -102,7 +112,7 @@ async def add_api_submit(request: Request) -> Response:
         provider=name,
         template_id=template_id,
         api_key=Secret(api_key) if api_key else None,
-        base_url=None,
+        base_url=base_url if name not in existing else None,
     )
     current.panel.memory.hold(current.user.session_id, pending)
     return redirect(f"/admin/projects/{project.id}/add/review")
@@ -134,6 +144,7 @@ async def save(request: Request) -> Response:
         provider=pending.provider,
         template_id=pending.template_id,
         api_key=pending.api_key.reveal() if pending.api_key else None,
+        base_url=pending.base_url,
         actor=current.actor,
     )
     current.panel.memory.release(current.user.session_id)

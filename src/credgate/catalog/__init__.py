@@ -22,6 +22,7 @@ class Template(BaseModel):
     name: str
     description: str = ""
     base_url: BaseUrl
+    requires_base_url: bool = False  # the provider has a host per account (Azure): the setup must give it
     auth: AuthSpec = BearerAuth()
     endpoints: tuple[Endpoint, ...]
     headers: HeaderMap = Field(default_factory=dict)
@@ -60,3 +61,8 @@ def load_templates(*folders: Path) -> dict[str, Template]:
 
 def builtin_templates() -> dict[str, Template]:
     return load_templates(CATALOG_DIR)
+
+
+def all_templates(users_folder: Path) -> dict[str, Template]:
+    """The built-in templates and the users' own (TOML files in `users_folder`, if it exists)."""
+    return load_templates(CATALOG_DIR, *([users_folder] if users_folder.is_dir() else []))

@@ -3,7 +3,7 @@
 from collections.abc import Mapping
 from typing import Any
 
-from credgate.catalog import builtin_templates
+from credgate.catalog import CatalogError, all_templates
 from credgate.config import Settings
 from credgate.errors import StartupError
 from credgate.masterkey import create_keyring, load_keyring
@@ -46,9 +46,13 @@ async def _open(settings: Settings, database: Database) -> Context:
             await ensure_key_check(repo, keyring)
     except StorageUnavailable as error:
         raise StartupError(f"cannot open the database: {error}") from None
+    try:
+        templates = all_templates(settings.data_dir / "templates")
+    except CatalogError as error:
+        raise StartupError(f"invalid template file: {error}") from None
     return Context(
         database=database,
         keyring=keyring,
-        templates=builtin_templates(),
+        templates=templates,
         allow_private_upstreams=settings.allow_private_upstreams,
     )

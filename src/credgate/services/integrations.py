@@ -94,6 +94,8 @@ async def add_template_integration(
             return integration, False
         if api_key is None:
             raise InvalidInput("api_key", f"required at the first setup of {provider}")
+        if template.requires_base_url and base_url is None:
+            raise InvalidInput("base_url", f"required for {template.id}: give your own resource's URL")
         integration = _new_integration(
             ctx,
             project_id=project_id,
