@@ -150,4 +150,34 @@ class BasicAuth(_Spec):
     method: Literal["basic"]
 
 
-AuthSpec = Annotated[BearerAuth | HeaderAuth | QueryAuth | BasicAuth, Field(discriminator="method")]
+TokenUrl = Annotated[str, Field(max_length=2048), AfterValidator(check_base_url)]
+OAuthText = Annotated[str, Field(min_length=1, max_length=1000), AfterValidator(_check_header_value)]
+
+
+class OAuth2ClientCredentialsAuth(_Spec):
+    """OAuth 2.0 client credentials (RFC 6749 section 4.4); the key is the client secret. credgate obtains the
+    access token from `token_url`, caches it until shortly before it expires, and sends it as a bearer token."""
+
+    method: Literal["oauth2_client_credentials"]
+    token_url: TokenUrl
+    client_id: OAuthText
+    scope: OAuthText | None = None
+    audience: OAuthText | None = None
+    client_auth: Literal["basic", "post"] = "basic"  # how the client secret goes to the token endpoint
+
+
+class OAuth2RefreshTokenAuth(_Spec):
+    """OAuth 2.0 refresh-token grant (RFC 6749 section 6); the key is the refresh token, replaced (sealed
+    again) whenever the token endpoint returns a new one."""
+
+    method: Literal["oauth2_refresh_token"]
+    token_url: TokenUrl
+    client_id: OAuthText
+    scope: OAuthText | None = None
+
+
+AuthSpec = Annotated[
+    BearerAuth | HeaderAuth | QueryAuth | BasicAuth | OAuth2ClientCredentialsAuth | OAuth2RefreshTokenAuth,
+    Field(discriminator="method"),
+]
+OAUTH2_METHODS = frozenset({"oauth2_client_credentials", "oauth2_refresh_token"})

@@ -163,6 +163,9 @@ def _auth_from(form: FormData) -> dict[str, Any]:
         auth["name"] = field(form, "auth_name")
     if method == "header":
         auth["prefix"] = str(form.get("auth_prefix") or "")
+    if method == "oauth2_client_credentials":
+        auth |= {"token_url": field(form, "token_url"), "client_id": field(form, "client_id")}
+        auth |= {name: field(form, name) for name in ("scope", "audience") if field(form, name)}
     return auth
 
 
@@ -177,7 +180,18 @@ async def custom_submit(request: Request) -> Response:
     current = await visit(request)
     form = await form_of(request, current)
     project = await projects.get_project(current.ctx, project_id=request.path_params["project_id"])
-    values = {name: field(form, name) for name in ("provider", "base_url", "auth_method", "auth_name", "auth_prefix")}
+    names = (
+        "provider",
+        "base_url",
+        "auth_method",
+        "auth_name",
+        "auth_prefix",
+        "token_url",
+        "client_id",
+        "scope",
+        "audience",
+    )
+    values = {name: field(form, name) for name in names}
     errors: dict[str, str] = {}
     try:
         check_provider_name(values["provider"])

@@ -132,6 +132,9 @@ PLACEMENTS: dict[str, Callable[[AuthSpec, str], Placement]] = {
     "header": _header,
     "query": _query,
     "basic": _basic,
+    # The credential of an OAuth 2.0 integration is the access token the relay obtained for it.
+    "oauth2_client_credentials": _bearer,
+    "oauth2_refresh_token": _bearer,
 }
 
 

@@ -30,6 +30,7 @@ from credgate.errors import (
 )
 from credgate.proxy.guard import NonPublicAddress, PublicOnlyResolver, refuses_numeric_host
 from credgate.proxy.limits import RateLimiter, retry_after_header
+from credgate.proxy.oauth import TokenBroker
 from credgate.proxy.plan import (
     check_target,
     endpoint_allowed,
@@ -40,6 +41,7 @@ from credgate.proxy.plan import (
 )
 from credgate.services.access import Access, ResolvedIntegration, resolve_access
 from credgate.services.context import Context
+from credgate.services.integrations import store_rotated_refresh_token
 from credgate.services.usage import (
     COUNTED_CONTENT_TYPES,
     KEPT_BODY_BYTES,
@@ -47,7 +49,7 @@ from credgate.services.usage import (
     ProxiedRequest,
     UsageRecorder,
 )
-from credgate.specs import METHODS, PROVIDER_NAME
+from credgate.specs import METHODS, OAUTH2_METHODS, PROVIDER_NAME
 
 logger = logging.getLogger(__name__)
 WATCH_DELAY_SECONDS = 0.2
@@ -118,6 +120,13 @@ class ProxyApp:
         self.rate_limiter = RateLimiter()
         self.in_flight = 0
         self.allow_private_upstreams = settings.allow_private_upstreams
+        self.tokens = TokenBroker(
+            session,
+            allow_private_upstreams=settings.allow_private_upstreams,
+            store_refresh_token=lambda project_id, provider, token: store_rotated_refresh_token(
+                ctx, project_id=project_id, provider=provider, token=token
+            ),
+        )
         self._refused_bases: dict[str, bool] = {}  # base URL → its numeric host is non-public
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -215,6 +224,10 @@ class ProxyApp:
         raw_endpoint: str,
         record: ProxiedRequest,
     ) -> None:
+        if integration.auth.method in OAUTH2_METHODS:
+            credential = await self.tokens.access_token(
+                project_id=record.project_id, integration=integration, secret=credential
+            )
         if not self.allow_private_upstreams and self._refuses(integration.base_url):
             raise BadGateway(
                 f"{integration.provider}'s address is not public; refused (CREDGATE_ALLOW_PRIVATE_UPSTREAMS)"

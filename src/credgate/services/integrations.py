@@ -33,11 +33,15 @@ class IntegrationChanges:
     timeout_seconds: float | None = None
 
 
-async def _check_upstream(ctx: Context, base_url: str) -> None:
-    try:
-        await check_upstream_url(base_url, allow_private=ctx.allow_private_upstreams)
-    except UpstreamRefused as error:
-        raise InvalidInput("base_url", str(error)) from None
+async def _check_upstream(ctx: Context, base_url: str | None, auth: AuthSpec | None = None) -> None:
+    """The SSRF guard on what the integration will call: its base URL and an OAuth token URL."""
+    for field, url in (("base_url", base_url), ("auth.token_url", getattr(auth, "token_url", None))):
+        if url is None:
+            continue
+        try:
+            await check_upstream_url(url, allow_private=ctx.allow_private_upstreams)
+        except UpstreamRefused as error:
+            raise InvalidInput(field, str(error)) from None
 
 
 async def require_integration(repo: Repository, project_id: str, provider: str) -> Integration:
@@ -126,7 +130,7 @@ async def add_custom_integration(
 ) -> Integration:
     """Set a provider up by hand; it allows no endpoint until they are configured."""
     auth = auth or BearerAuth()
-    await _check_upstream(ctx, base_url)
+    await _check_upstream(ctx, base_url, auth)
     async with ctx.change(actor=actor, action="integration.create", project_id=project_id, provider=provider) as repo:
         await require_project(repo, project_id)
         if await repo.get_integration(project_id, provider) is not None:
@@ -225,8 +229,7 @@ async def get_integration(ctx: Context, *, project_id: str, provider: str) -> In
 async def update_integration(
     ctx: Context, *, project_id: str, provider: str, changes: IntegrationChanges, actor: str
 ) -> Integration:
-    if changes.base_url is not None:
-        await _check_upstream(ctx, changes.base_url)
+    await _check_upstream(ctx, changes.base_url, changes.auth)
     async with ctx.change(actor=actor, action="integration.update", project_id=project_id, provider=provider) as repo:
         integration = await require_integration(repo, project_id, provider)
         if changes.auth is not None:
@@ -268,6 +271,17 @@ async def set_provider_key(ctx: Context, *, project_id: str, provider: str, api_
         seal_provider_key(ctx.keyring, integration, cleaned, now=ctx.clock())
         integration.updated_at = ctx.clock()
     return integration
+
+
+async def store_rotated_refresh_token(ctx: Context, *, project_id: str, provider: str, token: str) -> None:
+    """Seal the refresh token a token endpoint returned in place of the one it consumed (OAuth 2.0)."""
+    action = "provider_key.rotated_by_provider"
+    async with ctx.change(
+        actor="oauth2:token-endpoint", action=action, project_id=project_id, provider=provider
+    ) as repo:
+        integration = await require_integration(repo, project_id, provider)
+        seal_provider_key(ctx.keyring, integration, token, now=ctx.clock())
+        integration.updated_at = ctx.clock()
 
 
 async def revoke_provider_key(ctx: Context, *, project_id: str, provider: str, actor: str) -> Integration:

@@ -1,0 +1,138 @@
+"""OAuth 2.0 access tokens for upstreams: fetched from the token endpoint, cached until shortly before they
+expire, fetched once however many requests need one at the same moment, and never logged."""
+
+import asyncio
+import base64
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from urllib.parse import quote
+
+import aiohttp
+from yarl import URL
+
+from credgate.crypto import Secret
+from credgate.errors import BadGateway
+from credgate.proxy.guard import refuses_numeric_host
+from credgate.services.access import ResolvedIntegration
+from credgate.specs import OAuth2ClientCredentialsAuth, OAuth2RefreshTokenAuth
+
+logger = logging.getLogger(__name__)
+DEFAULT_LIFETIME_SECONDS = 3600.0
+_RENEW_BEFORE_SECONDS = 60.0
+_FAILURE_PAUSE_SECONDS = 2.0  # after a failed fetch, so a broken endpoint is not hammered by every request
+_FETCH_TIMEOUT = aiohttp.ClientTimeout(total=30)
+RefreshTokenSink = Callable[[str, str, str], Awaitable[None]]  # (project id, provider, new refresh token)
+
+
+@dataclass(slots=True)
+class _Cached:
+    access_token: Secret
+    renew_at: float
+
+
+class TokenBroker:
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        *,
+        allow_private_upstreams: bool,
+        store_refresh_token: RefreshTokenSink,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._session = session
+        self._allow_private = allow_private_upstreams
+        self._store_refresh_token = store_refresh_token
+        self._clock = clock
+        self._tokens: dict[tuple[object, ...], _Cached] = {}
+        self._fetching: dict[tuple[object, ...], asyncio.Future[_Cached]] = {}
+        self._failed_until: dict[tuple[object, ...], tuple[float, BadGateway]] = {}
+        self.fetches = 0
+
+    async def access_token(self, *, project_id: str, integration: ResolvedIntegration, secret: Secret) -> Secret:
+        """A valid access token for this integration (BadGateway, with no secret in it, when none can be had)."""
+        key = (project_id, integration.provider, integration.auth, hashlib.sha256(secret.reveal().encode()).digest())
+        now = self._clock()
+        cached = self._tokens.get(key)
+        if cached is not None and now < cached.renew_at:
+            return cached.access_token
+        failed = self._failed_until.get(key)
+        if failed is not None and now < failed[0]:
+            raise failed[1]
+        pending = self._fetching.get(key)
+        if pending is None:
+            pending = asyncio.get_running_loop().create_future()
+            self._fetching[key] = pending
+            try:
+                fetched = await self._fetch(project_id, integration, secret)
+            except BadGateway as error:
+                self._failed_until[key] = (self._clock() + _FAILURE_PAUSE_SECONDS, error)
+                pending.set_exception(error)
+                pending.exception()  # retrieved here, so an unawaited failure is not reported
+                raise
+            finally:
+                del self._fetching[key]
+            self._tokens[key] = fetched
+            self._failed_until.pop(key, None)
+            pending.set_result(fetched)
+            return fetched.access_token
+        return (await asyncio.shield(pending)).access_token
+
+    async def _fetch(self, project_id: str, integration: ResolvedIntegration, secret: Secret) -> _Cached:
+        spec = integration.auth
+        if not isinstance(spec, OAuth2ClientCredentialsAuth | OAuth2RefreshTokenAuth):
+            raise TypeError("not an OAuth 2.0 integration")
+        provider = integration.provider
+        if not self._allow_private and refuses_numeric_host(URL(spec.token_url).host or ""):
+            raise BadGateway(f"{provider}: the token endpoint's address is not public; refused")
+        form, headers = _token_request(spec, secret)
+        self.fetches += 1
+        try:
+            async with self._session.post(
+                spec.token_url, data=form, headers=headers, allow_redirects=False, timeout=_FETCH_TIMEOUT
+            ) as response:
+                body = await response.read()
+                status = response.status
+        except (aiohttp.ClientError, OSError) as error:
+            logger.warning("token endpoint of %s unreachable: %s", provider, type(error).__name__)
+            raise BadGateway(f"{provider}: the token endpoint could not be reached") from None
+        if status != 200:
+            raise BadGateway(f"{provider}: the token endpoint refused the credentials (status {status})")
+        try:
+            document = json.loads(body)
+            access_token = document["access_token"]
+            lifetime = float(document.get("expires_in") or DEFAULT_LIFETIME_SECONDS)
+        except (ValueError, KeyError, TypeError):
+            raise BadGateway(f"{provider}: the token endpoint's answer holds no access token") from None
+        if not isinstance(access_token, str) or not access_token:
+            raise BadGateway(f"{provider}: the token endpoint's answer holds no access token")
+        new_refresh = document.get("refresh_token")
+        if isinstance(spec, OAuth2RefreshTokenAuth) and isinstance(new_refresh, str) and new_refresh != secret.reveal():
+            await self._store_refresh_token(project_id, provider, new_refresh)
+        renew_before = min(_RENEW_BEFORE_SECONDS, lifetime / 2)
+        return _Cached(access_token=Secret(access_token), renew_at=self._clock() + lifetime - renew_before)
+
+
+def _token_request(
+    spec: OAuth2ClientCredentialsAuth | OAuth2RefreshTokenAuth, secret: Secret
+) -> tuple[dict[str, str], dict[str, str]]:
+    """The token request's form and headers (RFC 6749 sections 4.4.2, 6 and 2.3.1)."""
+    # The shared session adds no Content-Type of its own (the proxy relays bytes as they are): say it here.
+    headers = {"Accept": "application/json", "Content-Type": "application/x-www-form-urlencoded"}
+    if isinstance(spec, OAuth2RefreshTokenAuth):
+        form = {"grant_type": "refresh_token", "refresh_token": secret.reveal(), "client_id": spec.client_id}
+    else:
+        form = {"grant_type": "client_credentials"}
+        if spec.client_auth == "basic":
+            pair = f"{quote(spec.client_id, safe='')}:{quote(secret.reveal(), safe='')}"
+            headers["Authorization"] = "Basic " + base64.b64encode(pair.encode()).decode()
+        else:
+            form |= {"client_id": spec.client_id, "client_secret": secret.reveal()}
+        if spec.audience:
+            form["audience"] = spec.audience
+    if spec.scope:
+        form["scope"] = spec.scope
+    return form, headers
