@@ -95,6 +95,7 @@ def create_app(
         recorder = UsageRecorder(ctx, retention=timedelta(days=settings.request_log_days))
         app.state.context = ctx
         gateway.proxy = ProxyApp(ctx, settings, session, recorder)
+        app.state.verify_key = gateway.proxy.verify_key  # the admin API's KeyVerifier, without knowing the proxy
         tasks = [
             asyncio.create_task(follow_changes(ctx, interval=settings.change_poll_seconds)),
             asyncio.create_task(recorder.run()),
@@ -103,6 +104,7 @@ def create_app(
             yield
         finally:
             gateway.proxy = None
+            app.state.verify_key = None
             for task in tasks:
                 task.cancel()
             for task in tasks:

@@ -24,11 +24,15 @@ from credgate.admin_api.schemas import (
     TemplateOut,
     TokenRotateIn,
     UsageOut,
+    VerificationOut,
+    VerifiedIntegrationOut,
     actor_of,
 )
-from credgate.errors import InvalidInput, Unauthorized
-from credgate.services import admins, audit, integrations, projects, usage
+from credgate.errors import InvalidInput, Unauthorized, Unavailable
+from credgate.services import admins, audit, integrations, projects, usage, verification
 from credgate.services.context import Context
+from credgate.services.verification import KeyVerifier
+from credgate.storage.models import Integration
 
 _bearer = HTTPBearer(auto_error=False)
 
@@ -146,8 +150,8 @@ async def list_templates(ctx: ContextDep, _actor: Actor) -> ItemsOut[TemplateOut
 
 @router.post("/projects/{project_id}/integrations", status_code=201)
 async def create_integration(
-    project_id: str, body: IntegrationIn, ctx: ContextDep, actor: Actor, response: Response
-) -> IntegrationOut:
+    project_id: str, body: IntegrationIn, ctx: ContextDep, actor: Actor, response: Response, request: Request
+) -> VerifiedIntegrationOut | IntegrationOut:
     integration, created = await integrations.add_integration(
         ctx,
         project_id=project_id,
@@ -160,7 +164,7 @@ async def create_integration(
     )
     if not created:
         response.status_code = 200
-    return IntegrationOut.of(integration)
+    return await _with_verification(request, ctx, project_id, integration, verify=body.verify)
 
 
 @router.get("/projects/{project_id}/integrations")
@@ -203,12 +207,26 @@ async def set_endpoints(
 
 @router.put("/projects/{project_id}/integrations/{provider}/key")
 async def set_provider_key(
-    project_id: str, provider: str, body: KeyIn, ctx: ContextDep, actor: Actor
-) -> IntegrationOut:
+    project_id: str, provider: str, body: KeyIn, ctx: ContextDep, actor: Actor, request: Request
+) -> VerifiedIntegrationOut | IntegrationOut:
     integration = await integrations.set_provider_key(
         ctx, project_id=project_id, provider=provider, api_key=body.api_key.get_secret_value(), actor=actor
     )
-    return IntegrationOut.of(integration)
+    return await _with_verification(request, ctx, project_id, integration, verify=body.verify)
+
+
+async def _with_verification(
+    request: Request, ctx: Context, project_id: str, integration: Integration, *, verify: bool
+) -> VerifiedIntegrationOut | IntegrationOut:
+    """The integration, and when asked, what the provider said of its key (the key is saved either way)."""
+    out = IntegrationOut.of(integration)
+    verifier: KeyVerifier | None = getattr(request.app.state, "verify_key", None)
+    if not verify:
+        return out
+    if verifier is None:
+        raise Unavailable("key verification needs the running gateway")
+    found = await verification.verify_provider_key(ctx, verifier, project_id=project_id, provider=integration.provider)
+    return VerifiedIntegrationOut(**out.model_dump(), verification=VerificationOut.of(found))
 
 
 @router.delete("/projects/{project_id}/integrations/{provider}/key")

@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from credgate.catalog import Template
 from credgate.services.projects import current_token
+from credgate.services.verification import Verification
 from credgate.specs import AuthSpec, BaseUrl, Endpoint, HeaderMap, ProviderName, QueryMap
 from credgate.storage import UsageRow
 from credgate.storage.models import AdminToken, AuditEvent, Integration, Project, ProjectToken, RequestRecord
@@ -125,6 +126,7 @@ class IntegrationIn(In):
     integration (`base_url`, `api_key`, optional `auth`)."""
 
     provider: ProviderName
+    verify: bool = False
     template: Annotated[str, Field(min_length=1, max_length=100)] | None = None
     api_key: ApiKey | None = None
     base_url: BaseUrl | None = None
@@ -146,6 +148,7 @@ class EndpointsIn(In):
 
 class KeyIn(In):
     api_key: ApiKey
+    verify: bool = False  # make the template's cheap call and tell whether the provider accepts the key
 
 
 class KeyOut(BaseModel):
@@ -190,6 +193,22 @@ class IntegrationOut(BaseModel):
             created_at=integration.created_at,
             updated_at=integration.updated_at,
         )
+
+
+class VerificationOut(BaseModel):
+    accepted: bool | None
+    status: int | None
+    message: str
+
+    @classmethod
+    def of(cls, verification: Verification) -> Self:
+        return cls(accepted=verification.accepted, status=verification.status, message=verification.message)
+
+
+class VerifiedIntegrationOut(IntegrationOut):
+    """An integration, and what the provider said of its key (when `verify` was asked)."""
+
+    verification: VerificationOut
 
 
 # records

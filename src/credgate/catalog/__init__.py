@@ -23,6 +23,7 @@ class Template(BaseModel):
     description: str = ""
     base_url: BaseUrl
     requires_base_url: bool = False  # the provider has a host per account (Azure): the setup must give it
+    verify: Endpoint | None = None  # a cheap call that tells whether the provider accepts a key
     auth: AuthSpec = BearerAuth()
     endpoints: tuple[Endpoint, ...]
     headers: HeaderMap = Field(default_factory=dict)

@@ -49,10 +49,12 @@ from credgate.services.usage import (
     ProxiedRequest,
     UsageRecorder,
 )
-from credgate.specs import METHODS, OAUTH2_METHODS, PROVIDER_NAME
+from credgate.services.verification import Verification, verdict
+from credgate.specs import METHODS, OAUTH2_METHODS, PROVIDER_NAME, Endpoint
 
 logger = logging.getLogger(__name__)
 WATCH_DELAY_SECONDS = 0.2
+_VERIFY_TIMEOUT = aiohttp.ClientTimeout(total=15)
 UNAUTHORIZED_MESSAGE = "invalid project token or expired authentication"
 _JSON_ERROR_HEADERS = [(b"content-type", b"application/json"), (ERROR_HEADER.encode(), b"true")]
 
@@ -294,6 +296,40 @@ class ProxyApp:
         finally:
             watch.stop()
             response.release()  # or closes it, when its body was not read to the end
+
+    async def verify_key(self, *, project_id: str, integration: ResolvedIntegration, call: Endpoint) -> Verification:
+        """The verification call of a key (a `KeyVerifier`): placed, guarded and bounded like any request."""
+        if integration.credential is None:
+            return Verification(accepted=False, status=None, message="the key is revoked")
+        try:
+            credential = integration.credential
+            if integration.auth.method in OAUTH2_METHODS:
+                credential = await self.tokens.access_token(
+                    project_id=project_id, integration=integration, secret=credential
+                )
+            if not self.allow_private_upstreams and self._refuses(integration.base_url):
+                raise BadGateway("the provider's address is not public")
+            plan = plan_upstream(
+                method="GET" if call.method == "*" else call.method,
+                raw_endpoint=call.path,
+                query_string=b"",
+                headers=[],
+                integration=integration,
+                credential=credential,
+            )
+            async with self.session.request(
+                plan.method,
+                URL(plan.url, encoded=True),
+                headers=plan.headers,
+                allow_redirects=False,
+                timeout=_VERIFY_TIMEOUT,
+            ) as response:
+                await response.read()
+                return verdict(response.status)
+        except BadGateway as error:
+            return Verification(accepted=None, status=None, message=error.message)
+        except (aiohttp.ClientError, OSError):
+            return Verification(accepted=None, status=None, message="the provider could not be reached")
 
     def _refuses(self, base_url: str) -> bool:
         refused = self._refused_bases.get(base_url)

@@ -49,7 +49,8 @@ class Access:
     integration: ResolvedIntegration | None
 
 
-def _resolved(ctx: Context, integration: Integration) -> ResolvedIntegration:
+def resolved_integration(ctx: Context, integration: Integration) -> ResolvedIntegration:
+    """An integration as the proxy uses it, its key opened."""
     return ResolvedIntegration(
         provider=integration.provider,
         base_url=integration.base_url,
@@ -85,7 +86,7 @@ async def resolve_access(ctx: Context, *, token: str, provider: str) -> Access |
             token_hash=token_hash,
             token_expires_at=row.token.expires_at,
             rate_limit_per_minute=row.rate_limit_per_minute,
-            integration=None if row.integration is None else _resolved(ctx, row.integration),
+            integration=None if row.integration is None else resolved_integration(ctx, row.integration),
         )
         cache.store(key, cached, generation=generation)
     if not isinstance(cached, Access):

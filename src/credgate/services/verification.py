@@ -1,0 +1,44 @@
+"""Verification of a provider key on save: a cheap call (a template's `verify`) that says whether the
+provider accepts the key. The call itself is made by the data plane, which implements `KeyVerifier`."""
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from credgate.services.access import ResolvedIntegration, resolved_integration
+from credgate.services.context import Context
+from credgate.services.integrations import get_integration
+from credgate.specs import Endpoint
+
+
+@dataclass(frozen=True, slots=True)
+class Verification:
+    accepted: bool | None  # None: nothing could tell (no verification call, or the provider did not answer)
+    status: int | None
+    message: str
+
+
+class KeyVerifier(Protocol):
+    async def __call__(self, *, project_id: str, integration: ResolvedIntegration, call: Endpoint) -> Verification:
+        """Make `call` with the integration's key and say whether the provider accepted it."""
+        ...
+
+
+def verdict(status: int) -> Verification:
+    if 200 <= status < 300:
+        return Verification(accepted=True, status=status, message="the provider accepted the key")
+    if status in (401, 403):
+        return Verification(accepted=False, status=status, message="the provider refused the key")
+    return Verification(accepted=None, status=status, message=f"the provider answered {status}: nothing to tell")
+
+
+async def verify_provider_key(ctx: Context, verifier: KeyVerifier, *, project_id: str, provider: str) -> Verification:
+    """Ask the provider whether it accepts the integration's key, with a verification call of its templates."""
+    integration = await get_integration(ctx, project_id=project_id, provider=provider)
+    calls = [ctx.templates[id].verify for id in integration.templates if id in ctx.templates]
+    call = next((call for call in calls if call is not None), None)
+    if call is None:
+        return Verification(accepted=None, status=None, message="no verification call is known for this integration")
+    resolved = resolved_integration(ctx, integration)
+    if resolved.credential is None:
+        return Verification(accepted=False, status=None, message="the key is revoked")
+    return await verifier(project_id=project_id, integration=resolved, call=call)
