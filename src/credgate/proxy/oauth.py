@@ -50,7 +50,6 @@ class TokenBroker:
         self._tokens: dict[tuple[object, ...], _Cached] = {}
         self._fetching: dict[tuple[object, ...], asyncio.Future[_Cached]] = {}
         self._failed_until: dict[tuple[object, ...], tuple[float, BadGateway]] = {}
-        self.fetches = 0
 
     async def access_token(self, *, project_id: str, integration: ResolvedIntegration, secret: Secret) -> Secret:
         """A valid access token for this integration (BadGateway, with no secret in it, when none can be had)."""
@@ -89,7 +88,6 @@ class TokenBroker:
         if not self._allow_private and refuses_numeric_host(URL(spec.token_url).host or ""):
             raise BadGateway(f"{provider}: the token endpoint's address is not public; refused")
         form, headers = _token_request(spec, secret)
-        self.fetches += 1
         try:
             async with self._session.post(
                 spec.token_url, data=form, headers=headers, allow_redirects=False, timeout=_FETCH_TIMEOUT

@@ -442,7 +442,6 @@ class RequestBody:
         self._limit = limit
         self._idle = idle_seconds
         self.received = 0
-        self.complete = False
         self.problem: _BodyProblem | None = None
 
     async def _next(self) -> tuple[bytes, bool]:
@@ -462,7 +461,6 @@ class RequestBody:
             raise self.problem
         more = bool(message.get("more_body", False))
         if not more:
-            self.complete = True
             self._on_complete()
         return chunk, more
 

@@ -51,9 +51,6 @@ class Repository:
     def add(self, row: Base) -> None:
         self._session.add(row)
 
-    async def flush(self) -> None:
-        await self._session.flush()
-
     async def delete(self, row: Base) -> None:
         await self._session.delete(row)
 
