@@ -51,6 +51,10 @@ class Repository:
     def add(self, row: Base) -> None:
         self._session.add(row)
 
+    async def flush(self) -> None:
+        """Send pending changes without committing (the transaction still decides)."""
+        await self._session.flush()
+
     async def delete(self, row: Base) -> None:
         await self._session.delete(row)
 
