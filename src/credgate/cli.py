@@ -42,6 +42,7 @@ from credgate.config import Settings
 from credgate.crypto import encode_master_key, new_master_key
 from credgate.error_responses import validation_message
 from credgate.errors import Conflict, InvalidInput, NotFound, ServiceError, StartupError
+from credgate.server import server_config
 from credgate.services import admins, audit, integrations, master_keys, panel_sessions, projects, usage
 from credgate.services.bootstrap import open_context
 from credgate.services.context import Context
@@ -133,16 +134,7 @@ def serve(settings: Settings, host: str | None, port: int | None) -> None:
             click.echo(
                 f"\nNo admin exists yet. Create the first one, once, at:\n  {base}/admin/setup?token={setup_token}\n"
             )
-        config = uvicorn.Config(
-            create_app(settings, context=ctx),
-            host=settings.host,
-            port=settings.port,
-            access_log=False,
-            server_header=False,
-            date_header=False,
-            log_config=None,
-        )
-        server = uvicorn.Server(config)
+        server = uvicorn.Server(server_config(create_app(settings, context=ctx), settings))
         asyncio.get_running_loop().call_later(1.0, gc.freeze)  # start-up objects out of the collector's way
         try:
             await server.serve()

@@ -21,6 +21,10 @@ class Settings(BaseSettings):
     port: int = Field(default=8080, ge=0, le=65535)
     allow_private_upstreams: bool = False
     max_request_bytes: int = Field(default=32 * 1024 * 1024, ge=1)
+    # The request line and headers, counted as they arrive: more gets 431 before anything else is done.
+    max_header_bytes: int = Field(default=64 * 1024, ge=1024, le=1024 * 1024)
+    # How long a client may take to send the request line and headers (then 408, connection closed).
+    header_timeout_seconds: float = Field(default=10.0, gt=0, le=3600)
     # How long a client may pause while sending its request body before it gets 408.
     client_body_timeout_seconds: float = Field(default=60.0, gt=0)
     # How often an instance looks for changes made by other instances or the CLI (contract section 6).

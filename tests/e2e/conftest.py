@@ -19,6 +19,7 @@ import uvicorn
 
 from credgate.app import Gateway, create_app
 from credgate.config import Settings
+from credgate.server import server_config
 from credgate.services import integrations, projects
 from credgate.services.context import Context
 from credgate.services.integrations import IntegrationChanges
@@ -118,20 +119,10 @@ async def upstream() -> AsyncIterator[Upstream]:
 
 
 @asynccontextmanager
-async def serving(app: Gateway) -> AsyncIterator[str]:
+async def serving(app: Gateway, settings: Settings | None = None) -> AsyncIterator[str]:
     """An ASGI app under uvicorn, as `credgate serve` runs it, on a free port of this event loop."""
     port = free_port()
-    config = uvicorn.Config(
-        app,
-        host="127.0.0.1",
-        port=port,
-        log_config=None,
-        access_log=False,
-        server_header=False,
-        date_header=False,
-        lifespan="on",
-    )
-    server = uvicorn.Server(config)
+    server = uvicorn.Server(server_config(app, settings or Settings(), port=port, lifespan="on"))
     task = asyncio.create_task(server.serve())
     while not server.started:
         if task.done():
@@ -147,7 +138,8 @@ async def serving(app: Gateway) -> AsyncIterator[str]:
 @pytest.fixture
 async def gateway_url(settings: Settings, ctx: Context) -> AsyncIterator[str]:
     """The gateway's base URL, with DEBUG logging on, private (stand-in) upstreams allowed."""
-    async with serving(create_app(settings.model_copy(update={"allow_private_upstreams": True}), context=ctx)) as url:
+    settings = settings.model_copy(update={"allow_private_upstreams": True})
+    async with serving(create_app(settings, context=ctx), settings) as url:
         yield url
 
 

@@ -1,0 +1,167 @@
+"""The HTTP server: uvicorn as credgate runs it, with a bounded request head.
+
+uvicorn's httptools protocol reads a request line and headers of any size, and waits for them forever. Here the
+head is bounded where its bytes arrive, before the parser buffers them: over `max_header_bytes` or
+`MAX_HEADER_COUNT` headers the client gets 431; a head not complete within `head_timeout_seconds` gets 408. In
+both cases the connection closes, so memory per connection stays bounded whatever a client sends.
+"""
+
+import asyncio
+import logging
+import secrets
+from typing import Any
+
+import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from credgate.config import Settings
+from credgate.error_responses import ERROR_HEADER, error_body
+
+logger = logging.getLogger("credgate.server")
+MAX_HEADER_COUNT = 100  # as Envoy's default: SDKs send about 15, browsers about 25
+LINGER_SECONDS = 1.0
+
+
+class _HeadRefused(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        self.status = status
+        self.message = message
+
+
+class BoundedHttpProtocol(HttpToolsProtocol):
+    """HttpToolsProtocol that counts the bytes and headers of each request head as they arrive."""
+
+    max_header_bytes = 65536
+    head_timeout_seconds = 10.0
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._head_bytes: int | None = 0  # None once the head is complete: the bytes that follow are body
+        self._header_count = 0
+        self._refusal: _HeadRefused | None = None
+        self._discarding = False
+        self._head_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._start_head_timer()  # a connection that never sends a byte is closed too
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._stop_head_timer()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._discarding:
+            return
+        try:
+            self._receive(data)
+        except _HeadRefused as refusal:
+            self._refuse(refusal.status, refusal.message)
+
+    def _receive(self, data: bytes) -> None:
+        if self._head_bytes is None or not data:
+            super().data_received(data)
+            return
+        if self._head_bytes == 0:
+            self._start_head_timer()
+        self._head_bytes += len(data)
+        excess = self._head_bytes - self.max_header_bytes
+        if excess <= 0:
+            super().data_received(data)
+            return
+        # The head may still end within the allowed part (the rest being body, or the next request): feed that
+        # part alone, and refuse only if the head is still open after it.
+        allowed = len(data) - excess
+        super().data_received(data[:allowed])
+        if self._head_bytes is not None and not self.transport.is_closing():
+            raise _HeadRefused(431, f"request line and headers over the limit of {self.max_header_bytes} bytes")
+        self._receive(data[allowed:])
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._header_count = 0
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._header_count += 1
+        if self._header_count > MAX_HEADER_COUNT:
+            # httptools turns an exception in a callback into a parser error, which uvicorn answers with a bare
+            # 400: keep the reason, so that send_400_response can answer 431 instead.
+            self._refusal = _HeadRefused(431, f"more than {MAX_HEADER_COUNT} request headers")
+            raise self._refusal
+        super().on_header(name, value)
+
+    def send_400_response(self, msg: str) -> None:
+        if self._refusal is not None:
+            self._refuse(self._refusal.status, self._refusal.message)
+        else:
+            self._refuse(400, "malformed HTTP request")
+
+    def on_headers_complete(self) -> None:
+        self._head_bytes = None
+        self._stop_head_timer()
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._head_bytes = 0  # what arrives next is the next request's head
+
+    def _start_head_timer(self) -> None:
+        self._stop_head_timer()
+        self._head_timer = self.loop.call_later(self.head_timeout_seconds, self._head_timed_out)
+
+    def _stop_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        if self._head_bytes is not None and not self.transport.is_closing():
+            self._refuse(408, "the request head was not sent in time")
+
+    def _refuse(self, status: int, message: str) -> None:
+        """Answer in the service-error shape and close: the rest of this connection cannot be trusted."""
+        self._stop_head_timer()
+        request_id = secrets.token_hex(8)
+        logger.warning("%d from %s: %s (request id %s)", status, _peer(self.client), message, request_id)
+        body = error_body(status, message)
+        head = [
+            f"HTTP/1.1 {status} {'Request Header Fields Too Large' if status == 431 else 'Request Timeout'}",
+            "content-type: application/json",
+            f"content-length: {len(body)}",
+            f"{ERROR_HEADER}: true",
+            f"x-credgate-request-id: {request_id}",
+            f"x-request-id: {request_id}",
+            "connection: close",
+        ]
+        self.transport.write(("\r\n".join(head) + "\r\n\r\n").encode() + body)
+        self._head_bytes = None
+        # A lingering close: a client still sending its head would otherwise get a reset that can destroy the
+        # answer before it reads it. What it sends meanwhile is read and dropped, never kept.
+        self._discarding = True
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self.loop.call_later(LINGER_SECONDS, self.transport.close)
+
+
+def _peer(client: tuple[str, int] | None) -> str:
+    return f"{client[0]}:{client[1]}" if client else "unknown client"
+
+
+def server_config(app: Any, settings: Settings, **overrides: Any) -> uvicorn.Config:
+    """uvicorn's configuration for the gateway: credgate logs for itself and bounds every request head."""
+    protocol = type(
+        "GatewayHttpProtocol",
+        (BoundedHttpProtocol,),
+        {"max_header_bytes": settings.max_header_bytes, "head_timeout_seconds": settings.header_timeout_seconds},
+    )
+    options: dict[str, Any] = {
+        "host": settings.host,
+        "port": settings.port,
+        "http": protocol,
+        "access_log": False,
+        "server_header": False,
+        "date_header": False,
+        "log_config": None,
+    }
+    return uvicorn.Config(app, **(options | overrides))
