@@ -5,6 +5,7 @@
     ├── Unauthorized (401)
     ├── Forbidden (403)
     ├── NotFound (404)
+    ├── MethodNotAllowed (405)
     ├── RequestTimeout (408)
     ├── Conflict (409)
     ├── PayloadTooLarge (413)
@@ -58,6 +59,13 @@ class NotFound(ServiceError):
 
     status = 404
     default_message = "not found"
+
+
+class MethodNotAllowed(ServiceError):
+    """A method the proxy never forwards (TRACE, CONNECT, WebDAV verbs); `Allow` lists those it does."""
+
+    status = 405
+    default_message = "method not allowed"
 
 
 class RequestTimeout(ServiceError):
