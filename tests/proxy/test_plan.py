@@ -5,10 +5,11 @@ import base64
 import pytest
 
 from credgate.crypto import Secret
-from credgate.errors import BadRequest
+from credgate.errors import BadRequest, MethodNotAllowed
 from credgate.proxy.plan import (
     Headers,
     UpstreamRequest,
+    check_method,
     check_target,
     endpoint_allowed,
     find_project_token,
@@ -380,3 +381,53 @@ def test_a_query_key_is_cut_out_of_urls_the_upstream_quotes_back() -> None:
 def test_an_upstream_cannot_pass_for_credgate() -> None:
     relayed = response_headers([(b"X-Credgate-Error", b"true"), (b"x-credgate-request-id", b"x"), (b"A", b"1")])
     assert relayed == [(b"A", b"1")]
+
+
+@pytest.mark.parametrize(
+    "name", [b"x_api_key", b"X_Api_Key", b"api_key", b"x_goog_api_key", b"xi_api_key", b"proxy_authorization"]
+)
+def test_a_credential_header_spelled_with_underscores_never_goes_upstream(name: bytes) -> None:
+    upstream = plan([(name.lower(), b"attacker"), (b"authorization", f"Bearer {TOKEN}".encode())])
+    assert all(value != "attacker" for _, value in upstream.headers)
+    assert [value for name, value in upstream.headers if name.lower() == "authorization"] == [f"Bearer {KEY}"]
+
+
+def test_a_token_under_an_underscore_spelling_is_found() -> None:
+    assert find_project_token([(b"x_api_key", TOKEN.encode())]) == TOKEN
+
+
+def test_underscore_spellings_of_hop_by_hop_and_forwarding_headers_are_dropped() -> None:
+    upstream = plan([(b"transfer_encoding", b"chunked"), (b"x_forwarded_for", b"10.0.0.1"), (b"x_ok", b"1")])
+    assert upstream.headers[:-1] == [("x_ok", "1")]
+
+
+def test_a_connection_header_naming_the_credential_cannot_remove_it() -> None:
+    upstream = plan([(b"connection", b"keep-alive, Authorization, x_custom"), (b"x-custom", b"1")])
+    assert upstream.headers == [("Authorization", f"Bearer {KEY}")]
+
+
+def test_the_project_token_goes_nowhere_else_the_client_put_it() -> None:
+    headers: Headers = [(b"authorization", f"Bearer {TOKEN}".encode()), (b"x-echo", f"copy {TOKEN}".encode())]
+    upstream = plan_upstream(
+        method="GET",
+        raw_endpoint="models",
+        query_string=f"a=1&t={TOKEN}&b=%63gp_{TOKEN[4:]}&c=2".encode(),
+        headers=headers,
+        integration=resolved(),
+        credential=Secret(KEY),
+        client_token=TOKEN,
+    )
+    assert TOKEN[4:] not in upstream.url + repr(upstream.headers)
+    assert upstream.url == f"{BASE_URL}/models?a=1&c=2"
+
+
+@pytest.mark.parametrize("method", ["TRACE", "CONNECT", "PROPFIND", "MKCOL", "LOCK", "BREW"])
+def test_a_method_the_proxy_never_forwards_gets_405_with_allow(method: str) -> None:
+    with pytest.raises(MethodNotAllowed) as refusal:
+        check_method(method)
+    assert refusal.value.headers == {"Allow": "GET, POST, PUT, PATCH, DELETE, HEAD, OPTIONS"}
+
+
+@pytest.mark.parametrize("method", ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"])
+def test_forwardable_methods_pass_the_method_check(method: str) -> None:
+    check_method(method)

@@ -5,11 +5,12 @@ exact upstream request; no I/O, so every hygiene rule is unit-tested without a n
 import base64
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from urllib.parse import quote, unquote_to_bytes
+from urllib.parse import quote, unquote, unquote_to_bytes
 
 from credgate import specs
 from credgate.crypto import Secret
-from credgate.errors import BadRequest
+from credgate.errors import BadRequest, MethodNotAllowed
+from credgate.paths import MalformedPath, parse_path, path_matches
 from credgate.services.access import ResolvedIntegration
 from credgate.specs import PROVIDER_NAME, AuthSpec, Endpoint
 
@@ -18,6 +19,9 @@ Headers = list[tuple[bytes, bytes]]
 # Where SDKs carry a credential; the project token is looked for in each, and none of them goes upstream.
 TOKEN_HEADERS = (b"authorization", b"x-api-key", b"api-key", b"x-goog-api-key", b"xi-api-key")
 _TOKEN_SCHEMES = (b"bearer ", b"token ")
+# What the proxy forwards at all (contract section 3); anything else gets 405 with this Allow header.
+FORWARDED_METHODS = frozenset({*specs.METHODS, "HEAD", "OPTIONS"})
+ALLOW_HEADER = ", ".join((*specs.METHODS, "HEAD", "OPTIONS"))
 HOP_BY_HOP = frozenset(name.encode() for name in specs.HOP_BY_HOP)
 # Not sent upstream: credentials, cookies, the client's address, and what the transport sets itself.
 _DROPPED_REQUEST_HEADERS = (
@@ -40,10 +44,22 @@ _DROPPED_RESPONSE_HEADERS = HOP_BY_HOP | {b"x-credgate-error", b"x-credgate-requ
 _URL_HEADERS = frozenset({b"location", b"content-location", b"link", b"refresh"})
 
 
+def canonical_header(name: bytes) -> bytes:
+    """The one spelling every hygiene rule compares: lowercase, with `_` read as `-`, since servers that fold
+    underscores (nginx with underscores_in_headers, WSGI, CGI) would take `x_api_key` for `x-api-key`."""
+    return name.lower().replace(b"_", b"-")
+
+
+def check_method(method: str) -> None:
+    """405 for a method the proxy never forwards, before the token is even looked at."""
+    if method not in FORWARDED_METHODS:
+        raise MethodNotAllowed(f"{method} is never forwarded", headers={"Allow": ALLOW_HEADER})
+
+
 def find_project_token(headers: Headers) -> str | None:
     """The first `cgp_` token in the headers SDKs use for credentials, with or without a scheme."""
     for name, value in headers:
-        if name in TOKEN_HEADERS:
+        if canonical_header(name) in TOKEN_HEADERS:
             lowered = value[:7].lower()
             for scheme in _TOKEN_SCHEMES:
                 if lowered.startswith(scheme):
@@ -64,39 +80,22 @@ def split_target(raw_path: bytes) -> tuple[str, str]:
 
 def check_target(provider: str, raw_endpoint: str) -> tuple[str, ...]:
     """The endpoint's decoded segments; BadRequest for a bad provider name or an endpoint that could leave
-    the integration's base path (dot segments, encoded separators, empty segments, absolute URLs)."""
+    the integration's base path (see credgate.paths)."""
     if not PROVIDER_NAME.fullmatch(provider):
         raise BadRequest("malformed provider name")
     if not raw_endpoint:
         raise BadRequest("empty endpoint")
-    segments = []
-    raws = raw_endpoint.split("/")
-    for index, raw in enumerate(raws):
-        segment = unquote_to_bytes(raw)
-        if not segment and index == len(raws) - 1 and index > 0:
-            segments.append("")  # a trailing slash, which some APIs need; `*` or `**` allows it
-            continue
-        if not segment or segment in (b".", b"..") or any(byte in segment for byte in b"/\\?#\x00"):
-            raise BadRequest("malformed endpoint")
-        segments.append(segment.decode("utf-8", "replace"))
-    return tuple(segments)
+    try:
+        return parse_path(raw_endpoint)
+    except MalformedPath:
+        raise BadRequest("malformed endpoint") from None
 
 
-def endpoint_allowed(method: str, segments: Sequence[str], endpoints: Iterable[Endpoint]) -> bool:
+def endpoint_allowed(method: str, segments: tuple[str, ...], endpoints: Iterable[Endpoint]) -> bool:
     return any(
-        (endpoint.method == "*" or endpoint.method == method) and _path_matches(endpoint.path, segments)
+        (endpoint.method == "*" or endpoint.method == method) and path_matches(endpoint.path, segments)
         for endpoint in endpoints
     )
-
-
-def _path_matches(pattern: str, segments: Sequence[str]) -> bool:
-    parts = pattern.split("/")
-    for index, part in enumerate(parts):
-        if part == "**":
-            return len(segments) > index
-        if index >= len(segments) or (part != "*" and part != segments[index]):
-            return False
-    return len(parts) == len(segments)
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,29 +145,31 @@ def plan_upstream(
     headers: Headers,
     integration: ResolvedIntegration,
     credential: Secret,
+    client_token: str | None = None,
 ) -> UpstreamRequest:
     """The upstream request: the client's end-to-end headers and query, the integration's defaults where the
-    client sent none, and the credential placed exactly once by the auth method."""
+    client sent none, and the credential placed exactly once by the auth method. The client's token goes
+    nowhere: a header or query pair that quotes it, wherever the client put it, is left out."""
     placed_headers, placed_query = PLACEMENTS[integration.auth.method](integration.auth, credential.reveal())
-    connection_named = _connection_named(headers)
-    overridden = {name.lower().encode() for name, _ in placed_headers}
-    upstream_headers = [
-        (name.decode("latin-1"), value.decode("latin-1"))
-        for name, value in headers
-        if name not in _DROPPED_REQUEST_HEADERS
-        and name not in connection_named
-        and name not in overridden
-        and not name.startswith(b"x-forwarded-")
-    ]
-    sent = {name.lower() for name, _ in upstream_headers}
+    dropped = _DROPPED_REQUEST_HEADERS | _connection_named(headers)
+    dropped |= {canonical_header(name.encode()) for name, _ in placed_headers}
+    withheld = client_token.encode("latin-1") if client_token else None
+    upstream_headers = []
+    sent = set()
+    for name, value in headers:
+        canonical = canonical_header(name)
+        if canonical in dropped or canonical.startswith(b"x-forwarded-") or (withheld and withheld in value):
+            continue
+        upstream_headers.append((name.decode("latin-1"), value.decode("latin-1")))
+        sent.add(canonical)
     upstream_headers += [
         (name, value)
         for name, value in integration.headers.items()
-        if name.lower() not in sent and name.lower().encode() not in overridden
+        if canonical_header(name.encode()) not in sent | dropped
     ]
     upstream_headers += placed_headers
     url = f"{integration.base_url}/{raw_endpoint}"
-    query = _merge_query(query_string, integration.query, placed_query)
+    query = _merge_query(query_string, integration.query, placed_query, withheld=client_token)
     return UpstreamRequest(
         method=method,
         url=f"{url}?{query}" if query else url,
@@ -177,18 +178,29 @@ def plan_upstream(
     )
 
 
-def _merge_query(client: bytes, defaults: dict[str, str], placed: list[tuple[str, str]]) -> str:
+def _merge_query(
+    client: bytes, defaults: dict[str, str], placed: list[tuple[str, str]], *, withheld: str | None = None
+) -> str:
     """The client's query verbatim, then defaults it did not set, then the credential (replacing any copy)."""
     query = client.decode("latin-1")
-    if not defaults and not placed:
+    quoting = withheld is not None and _quotes(query, withheld)
+    if not defaults and not placed and not quoting:
         return query  # the common case: exactly as received, empty pairs and all
     replaced = {name for name, _ in placed}
     pairs = query.split("&") if query else []
-    kept = [pair for pair in pairs if not pair or _query_name(pair) not in replaced]
+    kept = [
+        pair
+        for pair in pairs
+        if not pair or (_query_name(pair) not in replaced and not (withheld and _quotes(pair, withheld)))
+    ]
     sent = {_query_name(pair) for pair in kept if pair}
     added = [_encode_pair(name, value) for name, value in defaults.items() if name not in sent | replaced]
     added += [_encode_pair(name, value) for name, value in placed]
     return "&".join(kept + added)
+
+
+def _quotes(text: str, value: str) -> bool:
+    return value in (unquote(text) if "%" in text else text)
 
 
 def _query_name(pair: str) -> str:
@@ -202,10 +214,10 @@ def _encode_pair(name: str, value: str) -> str:
 def _connection_named(headers: Iterable[tuple[bytes, bytes]]) -> set[bytes]:
     """The headers a `Connection` header names: hop-by-hop for this connection only."""
     return {
-        token.strip().lower().encode()
+        canonical_header(token.strip())
         for name, value in headers
-        if name.lower() == b"connection"
-        for token in value.decode("latin-1").split(",")
+        if canonical_header(name) == b"connection"
+        for token in value.split(b",")
     }
 
 
@@ -216,10 +228,10 @@ def response_headers(raw: Iterable[tuple[bytes, bytes]], *, secrets: Sequence[st
     dropped = _DROPPED_RESPONSE_HEADERS | _connection_named(pairs)
     relayed = []
     for name, value in pairs:
-        lowered = name.lower()
-        if lowered in dropped:
+        canonical = canonical_header(name)
+        if canonical in dropped:
             continue
-        if secrets and lowered in _URL_HEADERS:
+        if secrets and canonical in _URL_HEADERS:
             for secret in secrets:
                 value = value.replace(secret.encode("latin-1", "replace"), b"REDACTED")
         relayed.append((name, value))

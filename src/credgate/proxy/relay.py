@@ -32,6 +32,7 @@ from credgate.proxy.guard import NonPublicAddress, PublicOnlyResolver, refuses_n
 from credgate.proxy.limits import RateLimiter, retry_after_header
 from credgate.proxy.oauth import TokenBroker
 from credgate.proxy.plan import (
+    check_method,
     check_target,
     endpoint_allowed,
     find_project_token,
@@ -147,7 +148,8 @@ class ProxyApp:
         raw_path: bytes = scope.get("raw_path") or scope["path"].encode()
         provider, raw_endpoint = split_target(raw_path)
         try:
-            access = await self._authenticate(scope, provider)
+            check_method(scope["method"])
+            access, token = await self._authenticate(scope, provider)
         except ServiceError as error:
             await _send_error(send, error)
             return
@@ -162,7 +164,7 @@ class ProxyApp:
         )
         try:
             integration, credential, length = self._authorize(scope, access, provider, raw_endpoint)
-            await self._relay(scope, receive, send, integration, credential, length, raw_endpoint, record)
+            await self._relay(scope, receive, send, integration, credential, length, raw_endpoint, record, token)
         except ServiceError as error:
             record.status = error.status
             record.response_bytes = await _send_error(send, error)
@@ -170,7 +172,8 @@ class ProxyApp:
             record.duration_ms = (time.perf_counter() - started) * 1000
             self.recorder.record(record)
 
-    async def _authenticate(self, scope: Scope, provider: str) -> Access:
+    async def _authenticate(self, scope: Scope, provider: str) -> tuple[Access, str]:
+        """The access the client's project token grants, and the token (which must go nowhere else)."""
         token = find_project_token(scope["headers"])
         if token is None:
             raise Unauthorized(UNAUTHORIZED_MESSAGE)
@@ -184,7 +187,7 @@ class ProxyApp:
             raise Unavailable(f"storage unavailable (request id {scope['state']['request_id']})") from None
         if access is None:
             raise Unauthorized(UNAUTHORIZED_MESSAGE)
-        return access
+        return access, token
 
     def _authorize(
         self, scope: Scope, access: Access, provider: str, raw_endpoint: str
@@ -225,6 +228,7 @@ class ProxyApp:
         length: int | None,
         raw_endpoint: str,
         record: ProxiedRequest,
+        client_token: str,
     ) -> None:
         if integration.auth.method in OAUTH2_METHODS:
             credential = await self.tokens.access_token(
@@ -241,6 +245,7 @@ class ProxyApp:
             headers=scope["headers"],
             integration=integration,
             credential=credential,
+            client_token=client_token,
         )
         # Once the body is read, the rest of receive() only reports a client that leaves: watch for it.
         watch = ClientWatch(receive)

@@ -1,0 +1,52 @@
+"""The endpoint path grammar: one definition of a path segment, used to confine a client's path under the
+integration's base path and to match it against the endpoint allow-list, so the two can never disagree.
+
+A segment is decoded once (percent-escapes must be well formed). It may not be empty (but for a trailing
+slash), hold a separator (`/`, `\\`, `?`, `#`) or a control character, or be a dot segment. Dot segments are
+recognised the way lenient upstream servers read them: with path parameters (`..;x=y`, Tomcat, Jetty) and
+surrounding spaces removed, and any run of dots counts (Windows servers read `...` as `..`).
+"""
+
+import re
+from urllib.parse import unquote_to_bytes
+
+_BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
+_FORBIDDEN_BYTES = frozenset(b"/\\?#\x7f") | frozenset(range(0x20))
+
+
+class MalformedPath(ValueError):
+    """The path could leave the base path, or an upstream could read it differently than credgate does."""
+
+
+def parse_segment(raw: str) -> str:
+    """One raw (still percent-encoded) segment → its decoded text; MalformedPath if it breaks the grammar."""
+    if _BAD_ESCAPE.search(raw):
+        raise MalformedPath("malformed percent-escape")
+    segment = unquote_to_bytes(raw)
+    if not segment or any(byte in _FORBIDDEN_BYTES for byte in segment):
+        raise MalformedPath("empty segment or a separator or control character in a segment")
+    if not segment.split(b";", 1)[0].strip(b" ").strip(b"."):
+        raise MalformedPath("dot segment")  # also `...`, which Windows servers read as `..`
+    return segment.decode("utf-8", "replace")
+
+
+def parse_path(raw_path: str) -> tuple[str, ...]:
+    """A raw endpoint path → its decoded segments; a trailing slash is kept as a last empty segment, which some
+    APIs need (an allow-list's `*` or `**` lets it through)."""
+    if not raw_path:
+        raise MalformedPath("empty path")
+    raws = raw_path.split("/")
+    trailing = len(raws) > 1 and raws[-1] == ""
+    segments = tuple(parse_segment(raw) for raw in (raws[:-1] if trailing else raws))
+    return (*segments, "") if trailing else segments
+
+
+def path_matches(pattern: str, segments: tuple[str, ...] | list[str]) -> bool:
+    """An allow-list pattern (`*` one segment, `**` one or more remaining) against parsed segments."""
+    parts = pattern.split("/")
+    for index, part in enumerate(parts):
+        if part == "**":
+            return len(segments) > index
+        if index >= len(segments) or (part != "*" and part != segments[index]):
+            return False
+    return len(parts) == len(segments)

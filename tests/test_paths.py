@@ -1,0 +1,72 @@
+"""The endpoint path grammar: what confines a client's path and what the allow-list matches, in one place."""
+
+import pytest
+
+from credgate.paths import MalformedPath, parse_path, path_matches
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        "..",
+        ".",
+        "a/../b",
+        "%2e%2e",
+        ".%2E",
+        "..;",
+        "..;x=y",
+        "%2e%2e%3bx",
+        "..%3b",
+        ";x",
+        "...",
+        " .. ",
+        "models/..;/admin",
+        "a%2Fb",
+        "a%5Cb",
+        "a%00b",
+        "a%0d%0ab",
+        "a%7Fb",
+        "a\\b",
+        "a//b",
+        "/a",
+        "a%zz",
+        "a%2",
+        "",
+    ],
+)
+def test_a_path_that_could_leave_the_base_path_or_be_read_otherwise_is_malformed(raw: str) -> None:
+    with pytest.raises(MalformedPath):
+        parse_path(raw)
+
+
+@pytest.mark.parametrize(
+    ("raw", "segments"),
+    [
+        ("chat/completions", ("chat", "completions")),
+        ("models/gpt-4o%3Aft", ("models", "gpt-4o:ft")),
+        ("models/gemini-pro:generateContent", ("models", "gemini-pro:generateContent")),
+        ("files/a%20b", ("files", "a b")),
+        ("models/", ("models", "")),
+        ("a;b", ("a;b",)),
+        ("..a", ("..a",)),
+        ("%ff", ("\ufffd",)),
+    ],
+)
+def test_a_well_formed_path_is_decoded_once(raw: str, segments: tuple[str, ...]) -> None:
+    assert parse_path(raw) == segments
+
+
+@pytest.mark.parametrize(
+    ("pattern", "raw", "allowed"),
+    [
+        ("models/*", "models/gpt-4o", True),
+        ("models/*", "models/gpt-4o/extra", False),
+        ("models/**", "models/a/b", True),
+        ("models/**", "models", False),
+        ("models/*", "models/", True),
+        ("chat/completions", "chat/completions", True),
+        ("chat/completions", "chat/completions;x=1", False),  # a lenient upstream reads it as allowed: refused
+    ],
+)
+def test_the_allow_list_matches_parsed_segments(pattern: str, raw: str, allowed: bool) -> None:
+    assert path_matches(pattern, parse_path(raw)) is allowed
