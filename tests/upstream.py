@@ -234,3 +234,47 @@ async def run_upstream() -> AsyncIterator[Upstream]:
         yield state
     finally:
         await runner.cleanup()
+
+
+@dataclass
+class RawUpstream:
+    """A misbehaving provider at the byte level: each connection reads a request head, then plays `script`
+    (bytes to write, or a float to pause for), then closes (or aborts with a reset when `reset` is set)."""
+
+    url: str = ""
+    connections: int = 0
+    open_connections: int = 0
+    heads: list[bytes] = field(default_factory=list)
+
+
+@asynccontextmanager
+async def run_raw_upstream(script: list[bytes | float], *, reset: bool = False) -> AsyncIterator[RawUpstream]:
+    state = RawUpstream()
+
+    async def play(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        state.connections += 1
+        state.open_connections += 1
+        try:
+            state.heads.append(await reader.readuntil(b"\r\n\r\n"))
+            for step in script:
+                if isinstance(step, bytes):
+                    writer.write(step)
+                    await writer.drain()
+                else:
+                    await asyncio.sleep(step)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            state.open_connections -= 1
+            if reset:
+                writer.transport.abort()
+            else:
+                writer.close()
+
+    server = await asyncio.start_server(play, "127.0.0.1", 0)
+    state.url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    try:
+        yield state
+    finally:
+        server.close()
+        await server.wait_closed()

@@ -104,9 +104,7 @@ async def test_made_up_tokens_and_long_provider_names_do_not_grow_the_cache(
         for _ in range(3):  # again if the change follower's first read cleared the cache meanwhile
             generation = ctx.access.generation
             for index in range(50):
-                await client.get(
-                    f"{gateway_url}/proxy/{long_name}/x", headers={"Authorization": f"Bearer cgp_{index}"}
-                )
+                await client.get(f"{gateway_url}/proxy/{long_name}/x", headers={"Authorization": f"Bearer cgp_{index}"})
             if ctx.access.generation == generation:
                 break
         bad = await client.get(

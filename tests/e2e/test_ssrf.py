@@ -33,7 +33,12 @@ async def test_a_private_or_plain_http_base_url_is_refused_when_configured(
 
 
 @pytest.mark.parametrize(
-    ("host", "reason"), [("localhost", "resolves to no public address"), ("2130706433", "address is not public")]
+    ("host", "reason"),
+    [
+        ("localhost", "address is not public"),
+        ("localhost.", "address is not public"),
+        ("2130706433", "address is not public"),
+    ],
 )
 async def test_a_private_upstream_configured_earlier_is_refused_when_connecting(
     guarded_url: str, ctx: Context, project: Project, upstream: Upstream, host: str, reason: str

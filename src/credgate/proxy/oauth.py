@@ -16,7 +16,7 @@ from yarl import URL
 
 from credgate.crypto import Secret
 from credgate.errors import BadGateway
-from credgate.proxy.guard import refuses_numeric_host
+from credgate.netguard import refuses_host
 from credgate.services.access import ResolvedIntegration
 from credgate.specs import OAuth2ClientCredentialsAuth, OAuth2RefreshTokenAuth
 
@@ -85,7 +85,7 @@ class TokenBroker:
         if not isinstance(spec, OAuth2ClientCredentialsAuth | OAuth2RefreshTokenAuth):
             raise TypeError("not an OAuth 2.0 integration")
         provider = integration.provider
-        if not self._allow_private and refuses_numeric_host(URL(spec.token_url).host or ""):
+        if not self._allow_private and refuses_host(URL(spec.token_url).host or ""):
             raise BadGateway(f"{provider}: the token endpoint's address is not public; refused")
         form, headers = _token_request(spec, secret)
         try:

@@ -4,12 +4,15 @@ exactly as received. After `http.response.start` an error can only abort the res
 """
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 
 import aiohttp
+from aiohttp.client_proto import ResponseHandler
+from aiohttp.helpers import _EXC_SENTINEL
 from starlette.types import Receive, Scope, Send
 from yarl import URL
 
@@ -28,7 +31,8 @@ from credgate.errors import (
     Unauthorized,
     Unavailable,
 )
-from credgate.proxy.guard import NonPublicAddress, PublicOnlyResolver, refuses_numeric_host
+from credgate.netguard import refuses_host
+from credgate.proxy.guard import NonPublicAddress, PublicOnlyResolver
 from credgate.proxy.limits import RateLimiter, retry_after_header
 from credgate.proxy.oauth import TokenBroker
 from credgate.proxy.plan import (
@@ -76,6 +80,17 @@ class _ClientIdle(_BodyProblem):
     pass
 
 
+class _FramingAwareResponseHandler(ResponseHandler):
+    """aiohttp hands a parser error (broken chunk framing after good bytes, say) to the connection only, and a
+    reader of the body then waits forever: hand it to the body too, so the relay cuts the response at once."""
+
+    def set_exception(self, exc: BaseException, exc_cause: BaseException = _EXC_SENTINEL) -> None:
+        payload = self._payload
+        if payload is not None and not payload.is_eof():
+            payload.set_exception(aiohttp.ClientPayloadError("the upstream broke the response's framing"), exc)
+        super().set_exception(exc, exc_cause)
+
+
 def create_http_session(*, allow_private_upstreams: bool, max_connections: int = 1000) -> aiohttp.ClientSession:
     """The outbound client: raw bytes both ways, no redirects, no headers of its own, and (unless private
     upstreams are allowed) public addresses only."""
@@ -86,6 +101,7 @@ def create_http_session(*, allow_private_upstreams: bool, max_connections: int =
         enable_cleanup_closed=True,
         resolver=None if allow_private_upstreams else PublicOnlyResolver(),
     )
+    connector._factory = functools.partial(_FramingAwareResponseHandler, loop=asyncio.get_running_loop())  # type: ignore[assignment]
     session = aiohttp.ClientSession(
         connector=connector,
         auto_decompress=False,
@@ -282,7 +298,8 @@ class ProxyApp:
                 raise GatewayTimeout(f"{integration.provider} did not answer in time") from None
             if isinstance(getattr(error, "os_error", None), NonPublicAddress):
                 raise BadGateway(
-                    f"{integration.provider} resolves to no public address; refused (CREDGATE_ALLOW_PRIVATE_UPSTREAMS)"
+                    f"{integration.provider} resolves to a non-public address; "
+                    "refused (CREDGATE_ALLOW_PRIVATE_UPSTREAMS)"
                 ) from None
             logger.warning(
                 "upstream %s unreachable for request %s: %s",
@@ -341,7 +358,7 @@ class ProxyApp:
         if refused is None:
             if len(self._refused_bases) > 10_000:
                 self._refused_bases.clear()
-            refused = self._refused_bases[base_url] = refuses_numeric_host(URL(base_url).host or "")
+            refused = self._refused_bases[base_url] = refuses_host(URL(base_url).host or "")
         return refused
 
     async def _stream_response(
