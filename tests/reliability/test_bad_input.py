@@ -1,14 +1,18 @@
 """Catalogue group BI: bad input and protocol abuse from a hostile client, over real sockets."""
 
 import asyncio
+import hashlib
 from pathlib import Path
 
 import httpx
 import pytest
 
+from credgate.app import create_app
 from credgate.config import Settings
+from credgate.services import integrations
 from credgate.services.context import Context
-from tests.e2e.conftest import Project, add_custom, start_gateway, stop_gateway
+from credgate.specs import Endpoint, QueryAuth
+from tests.e2e.conftest import Project, add_custom, serving, start_gateway, stop_gateway
 from tests.upstream import Upstream
 
 HEAD_LIMIT = 8192
@@ -156,3 +160,266 @@ async def test_bi02_keep_alive_requests_each_get_their_own_head_budget(gateway_u
         for _ in range(5):  # 5 × (limit - 200) on one connection: each head alone is under the limit
             response = await client.get(f"{gateway_url}/healthz", headers={"X-Filler": filler[10:]})
             assert response.status_code == 200
+
+
+async def test_bi02_a_declared_body_over_the_limit_gets_413_before_any_of_it_is_sent(
+    gateway_url: str, project: Project, upstream: Upstream
+) -> None:
+    request = head(
+        "/proxy/openai/chat/completions",
+        f"Authorization: Bearer {project.token}",
+        f"Content-Length: {11 * 1024 * 1024}",
+        method="POST",
+    )
+    answer = await exchange(gateway_url, request, read_for=2)  # the body never comes: the answer must not wait
+    assert answer.startswith(b"HTTP/1.1 413 ")
+    assert upstream.received == []
+
+
+async def test_bi02_a_chunked_body_growing_past_the_limit_gets_413_and_is_cut_upstream(
+    gateway_url: str, ctx: Context, project: Project, upstream: Upstream
+) -> None:
+    await add_custom(ctx, project, "stand-in", upstream.url)
+    piece = b"x" * 65536
+    chunk = f"{len(piece):x}\r\n".encode() + piece + b"\r\n"
+    request = head(
+        "/proxy/stand-in/echo/x", f"Authorization: Bearer {project.token}", "Transfer-Encoding: chunked", method="POST"
+    )
+    answer = await exchange(gateway_url, request + chunk * 20, read_for=3)  # 1.25 MiB against a 1 MiB limit
+    assert answer.startswith(b"HTTP/1.1 413 ")
+    assert all(len(received.body) <= 1024 * 1024 for received in upstream.received)
+    # The slow body (BI-02c, 408) is tests/e2e/test_proxy_hardening.py::test_a_client_that_stalls_mid_body_…
+
+
+SMUGGLING = [
+    "Content-Length: 5\r\nTransfer-Encoding: chunked",
+    "Content-Length: 5\r\nContent-Length: 6",
+    "Transfer-Encoding: chunked, identity",
+    "X-Folded: a\r\n b",
+    "X-Nul: a\x00b",
+    "X-Bare-Cr: a\rb",
+]
+
+
+@pytest.mark.parametrize("headers", SMUGGLING)
+async def test_bi03_ambiguous_framing_or_control_characters_get_400_and_the_pipelined_request_is_dropped(
+    gateway_url: str, ctx: Context, project: Project, upstream: Upstream, headers: str
+) -> None:
+    await add_custom(ctx, project, "stand-in", upstream.url)
+    first = head("/proxy/stand-in/echo/first", f"Authorization: Bearer {project.token}", headers, method="POST")
+    second = head("/proxy/stand-in/echo/second", f"Authorization: Bearer {project.token}")
+    answer = await exchange(gateway_url, first + b"0\r\n\r\n" + second, read_for=3)
+    assert answer.startswith(b"HTTP/1.1 400 ")
+    assert answer.count(b"HTTP/1.1 ") == 1  # the connection closed: the pipelined request was never served
+    assert upstream.received == []
+
+
+async def test_bi03_a_bare_lf_in_a_chunk_size_line_gets_400(
+    gateway_url: str, ctx: Context, project: Project, upstream: Upstream
+) -> None:
+    await add_custom(ctx, project, "stand-in", upstream.url)
+    request = head(
+        "/proxy/stand-in/echo/x", f"Authorization: Bearer {project.token}", "Transfer-Encoding: chunked", method="POST"
+    )
+    answer = await exchange(gateway_url, request + b"5\nhello\r\n0\r\n\r\n", read_for=3)
+    assert answer.startswith(b"HTTP/1.1 400 ")
+    assert all(received.body != b"hello" for received in upstream.received)
+
+
+@pytest.mark.parametrize(
+    "endpoint",
+    [
+        "models/..;/admin",
+        "models/..%3b/admin",
+        "models/%2e%2e%3Bx=y/admin",
+        "models/.../admin",
+        "models/%2e%2e%20/admin",
+        "models/a%zz",
+        "models/%00",
+        "models/a%0d%0aX-Injected:%201",
+        "../" * 1000 + "x",
+    ],
+)
+async def test_bi04_path_parameters_and_lenient_dot_forms_never_pass_an_allow_list(
+    gateway_url: str, ctx: Context, project: Project, upstream: Upstream, endpoint: str
+) -> None:
+    await add_custom(ctx, project, "stand-in", upstream.url + "/echo/base")
+    await integrations.set_endpoints(
+        ctx,
+        project_id=project.id,
+        provider="stand-in",
+        endpoints=[Endpoint(method="GET", path="models/*")],
+        actor="t",
+    )
+    answer = await exchange(
+        gateway_url,
+        head(f"/proxy/stand-in/{endpoint}", f"Authorization: Bearer {project.token}", "Connection: close"),
+    )
+    assert answer.startswith(b"HTTP/1.1 400 "), answer[:40]
+    assert upstream.received == []
+    # The classic forms (`..`, `%2e%2e`, `%2F`, `%5C`, `//`) are tests/e2e/test_proxy_errors.py::test_400_for_…
+
+
+@pytest.mark.parametrize(
+    "endpoint", ["http://evil.test/x", "//evil.test/x", "@evil.test/x", "https:evil.test", "%5C%5Cevil.test"]
+)
+async def test_bi05_no_endpoint_can_choose_the_upstream_host(
+    gateway_url: str, ctx: Context, project: Project, upstream: Upstream, endpoint: str
+) -> None:
+    await add_custom(ctx, project, "stand-in", upstream.url + "/echo/base")
+    async with httpx.AsyncClient() as client:
+        response = await client.get(
+            f"{gateway_url}/proxy/stand-in/{endpoint}",
+            headers={"Authorization": f"Bearer {project.token}", "X-Forwarded-Host": "evil.test"},
+        )
+    # Either refused, or sent to the configured upstream, under its base path, with the endpoint as a path.
+    assert response.status_code == 400 or upstream.last.path_qs.startswith("/echo/base/")
+    assert all("evil.test" not in (received.header("host") or "") for received in upstream.received)
+    assert all(received.header("x-forwarded-host") is None for received in upstream.received)
+
+
+async def test_bi05_a_base_url_in_the_body_is_forwarded_but_never_routes(
+    gateway_url: str, ctx: Context, project: Project, upstream: Upstream
+) -> None:
+    await add_custom(ctx, project, "stand-in", upstream.url + "/echo/base")
+    body = b'{"api_base": "http://evil.test", "base_url": "http://evil.test", "model": "m"}'
+    async with httpx.AsyncClient() as client:
+        response = await client.post(
+            f"{gateway_url}/proxy/stand-in/chat",
+            content=body,
+            headers={"Authorization": f"Bearer {project.token}", "Host": "evil.test"},
+        )
+    assert response.status_code == 200
+    assert upstream.last.path_qs == "/echo/base/chat"
+    assert upstream.last.body == body
+    assert upstream.last.header("host") == upstream.url.removeprefix("http://")
+
+
+@pytest.mark.parametrize(("provider", "status"), [("OpenAI", 400), ("open%D0%B0i", 400), ("openai%2F..", 400)])
+async def test_bi06_a_provider_name_is_matched_exactly_never_folded(
+    gateway_url: str, project: Project, upstream: Upstream, provider: str, status: int
+) -> None:
+    async with httpx.AsyncClient() as client:
+        response = await client.get(
+            f"{gateway_url}/proxy/{provider}/models", headers={"Authorization": f"Bearer {project.token}"}
+        )
+    assert response.status_code == status
+    assert upstream.received == []
+
+
+BOMBS = [
+    b"[" * 100_000 + b"]" * 100_000,
+    b'{"a": 1, "a": 2}',
+    b'{"model": ',
+    b"\xff\xfe\x00not utf-8",
+    b'"' + b"s" * (5 * 1024 * 1024 - 2) + b'"',
+]
+
+
+@pytest.mark.parametrize("body", BOMBS, ids=["nested", "duplicate-keys", "invalid", "not-utf8", "5MiB-string"])
+async def test_bi07_any_body_is_relayed_byte_exact_and_never_parsed_into_an_error(
+    settings: Settings, ctx: Context, project: Project, upstream: Upstream, body: bytes
+) -> None:
+    await add_custom(ctx, project, "stand-in", upstream.url)
+    roomy = settings.model_copy(update={"max_request_bytes": 8 * 1024 * 1024})
+    async with serving(create_app(roomy, context=ctx), roomy) as url, httpx.AsyncClient() as client:
+        response = await client.post(
+            f"{url}/proxy/stand-in/echo/x", content=body, headers={"Authorization": f"Bearer {project.token}"}
+        )
+    assert response.status_code == 200
+    assert hashlib.sha256(upstream.last.body).digest() == hashlib.sha256(body).digest()
+
+
+async def test_bi08_connection_and_hop_by_hop_abuse_never_strips_the_credential(
+    gateway_url: str, project: Project, upstream: Upstream
+) -> None:
+    raw = [
+        ("Connection", "keep-alive, Authorization, x-api-key, X-Custom"),
+        ("connection", "AUTHORIZATION"),
+        ("Keep-Alive", "timeout=5"),
+        ("TE", "trailers"),
+        ("Trailer", "X-T"),
+        ("Upgrade", "h2c"),
+        ("Proxy-Authorization", "Basic YTpi"),
+        ("Proxy-Connection", "keep-alive"),
+        ("X-Forwarded-For", "10.0.0.1"),
+        ("X-Forwarded-Host", "evil.test"),
+        ("X-Forwarded-Proto", "http"),
+        ("Forwarded", "for=10.0.0.1"),
+        ("x_api_key", "attacker"),
+        ("X_Forwarded_For", "10.0.0.2"),
+        ("X-Custom", "named in Connection"),
+        ("Authorization", f"Bearer {project.token}"),
+    ]
+    lines = [f"{name}: {value}" for name, value in raw]
+    body = b'{"model": "gpt-4o-mini", "messages": []}'
+    request = head(
+        "/proxy/openai/chat/completions",
+        *lines,
+        "Content-Type: application/json",
+        f"Content-Length: {len(body)}",
+        method="POST",
+    )
+    answer = await exchange(gateway_url, request + body, read_for=2)
+    assert answer.startswith(b"HTTP/1.1 200 ")
+    received = upstream.last
+    names = received.header_names()
+    for dropped in (
+        "keep-alive", "te", "trailer", "upgrade", "proxy-authorization", "proxy-connection", "x-forwarded-for",
+        "x-forwarded-host", "x-forwarded-proto", "forwarded", "x_api_key", "x_forwarded_for", "x-custom",
+    ):  # fmt: skip
+        assert dropped not in names, dropped
+    assert [value for name, value in received.headers if name.lower() == "authorization"] == [f"Bearer {project.key}"]
+    assert "attacker" not in repr(received.headers)
+
+
+async def test_bi09_client_credentials_never_pass_through_and_the_key_is_placed_once(
+    gateway_url: str, ctx: Context, project: Project, upstream: Upstream
+) -> None:
+    await add_custom(
+        ctx, project, "gemini-like", upstream.url, auth=QueryAuth(method="query", name="key")
+    )  # the key in the query, where a client might try its own
+    async with httpx.AsyncClient() as client:
+        response = await client.get(
+            f"{gateway_url}/proxy/gemini-like/echo/models?key=attacker&alt=json",
+            headers={
+                "x-goog-api-key": project.token,
+                "x-api-key": "attacker",
+                "api-key": "attacker",
+                "Authorization": "Bearer attacker",
+                "Cookie": "s=1",
+            },
+        )
+    assert response.status_code == 200
+    received = upstream.last
+    assert "attacker" not in received.path_qs + repr(received.headers)
+    assert received.path_qs.count("key=") == 1
+    assert received.header("cookie") is None
+    assert project.token not in received.path_qs + repr(received.headers)
+
+
+@pytest.mark.parametrize("method", ["TRACE", "CONNECT", "PROPFIND", "MOVE", "LOCK", "MKCOL"])
+async def test_bi11_methods_never_forwarded_get_405_with_allow_before_the_token(
+    gateway_url: str, upstream: Upstream, method: str
+) -> None:
+    answer = await exchange(gateway_url, head("/proxy/openai/models", "Connection: close", method=method))
+    assert answer.startswith(b"HTTP/1.1 405 ")
+    assert b"\r\nallow: GET, POST, PUT, PATCH, DELETE, HEAD, OPTIONS\r\n" in answer
+    assert b"x-credgate-error: true" in answer
+    assert upstream.received == []
+
+
+@pytest.mark.parametrize("method", ["HEAD", "OPTIONS"])
+async def test_bi11_head_and_options_are_forwarded_only_where_an_endpoint_allows_them(
+    gateway_url: str, project: Project, upstream: Upstream, method: str
+) -> None:
+    async with httpx.AsyncClient() as client:
+        response = await client.request(
+            method, f"{gateway_url}/proxy/openai/chat/completions", headers={"Authorization": f"Bearer {project.token}"}
+        )
+    assert response.status_code == 403  # the chat template allows POST only
+    assert upstream.received == []
+
+
+# BI-12: the plan's properties over generated requests are tests/proxy/test_plan_properties.py (Hypothesis); the
+# admin API under generated requests is tests/admin_api/test_schemathesis.py.
