@@ -128,6 +128,14 @@ def serve(settings: Settings, host: str | None, port: int | None) -> None:
         click.echo(f"  proxy:     {base}/proxy/<provider>/<endpoint>")
         click.echo(f"  panel:     {base}/admin")
         click.echo(f"  admin API: {base}/api/v1 (create an admin token with: credgate admin create-token)")
+        if settings.allow_private_upstreams:
+            # A security-relevant mode must be impossible to miss: on the terminal and in the log.
+            warning = (
+                "CREDGATE_ALLOW_PRIVATE_UPSTREAMS is on: the SSRF guard is off, and integrations may reach "
+                "loopback, private and cloud-metadata addresses over plain http"
+            )
+            click.echo(f"\nWARNING: {warning}", err=True)
+            logging.getLogger("credgate").warning(warning)
         setup_token = await panel_sessions.issue_setup_token(ctx)
         if setup_token is not None:
             # Deliberately on the operator's terminal only (never logged): it works once, until an admin exists.

@@ -1,6 +1,7 @@
 """The SSRF guard through the product: refused when configured (422) and when connecting (502)."""
 
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -10,7 +11,7 @@ from credgate.config import Settings
 from credgate.errors import InvalidInput
 from credgate.services import integrations
 from credgate.services.context import Context
-from tests.e2e.conftest import Project, add_custom, serving
+from tests.e2e.conftest import Project, add_custom, serving, start_gateway, stop_gateway
 from tests.upstream import Upstream
 
 
@@ -52,3 +53,13 @@ async def test_a_private_upstream_configured_earlier_is_refused_when_connecting(
     assert (response.status_code, response.headers["x-credgate-error"]) == (502, "true")
     assert reason in response.json()["error"]["message"]
     assert upstream.received == []
+
+
+@pytest.mark.parametrize("allow", [True, False])
+def test_serve_says_loudly_when_the_guard_is_off(tmp_path: Path, allow: bool) -> None:
+    env = {"CREDGATE_ALLOW_PRIVATE_UPSTREAMS": str(allow).lower()}
+    process, running = start_gateway(tmp_path / "data", tmp_path / "gateway.log", env)
+    stop_gateway(process, running)
+    output = running.log.read_text()
+    assert ("WARNING: CREDGATE_ALLOW_PRIVATE_UPSTREAMS is on" in output) is allow
+    assert ("WARNING credgate: CREDGATE_ALLOW_PRIVATE_UPSTREAMS is on" in output) is allow  # the log line too
