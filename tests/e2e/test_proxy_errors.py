@@ -140,6 +140,7 @@ async def test_401_is_the_same_whatever_the_reason(http: httpx.AsyncClient, proj
     responses.append(await http.post(paths[0], json=CHAT))
     assert len({response.content for response in responses}) == 1
     assert len({tuple(sorted(response.headers.keys())) for response in responses}) == 1
+    assert {response.headers["www-authenticate"] for response in responses} == {'Bearer realm="credgate"'}
 
 
 # 400

@@ -61,7 +61,13 @@ logger = logging.getLogger(__name__)
 WATCH_DELAY_SECONDS = 0.2
 _VERIFY_TIMEOUT = aiohttp.ClientTimeout(total=15)
 UNAUTHORIZED_MESSAGE = "invalid project token or expired authentication"
+# RFC 6750: a 401 names the scheme the client should use.
+_CHALLENGE = {"WWW-Authenticate": 'Bearer realm="credgate"'}
 _JSON_ERROR_HEADERS = [(b"content-type", b"application/json"), (ERROR_HEADER.encode(), b"true")]
+
+
+def _unauthorized() -> Unauthorized:
+    return Unauthorized(UNAUTHORIZED_MESSAGE, headers=_CHALLENGE)
 
 
 class _BodyProblem(Exception):
@@ -192,7 +198,7 @@ class ProxyApp:
         """The access the client's project token grants, and the token (which must go nowhere else)."""
         token = find_project_token(scope["headers"])
         if token is None:
-            raise Unauthorized(UNAUTHORIZED_MESSAGE)
+            raise _unauthorized()
         # A malformed name is looked up as "" (it answers 400 once the token checks out), so it cannot become
         # a cache key of its own.
         lookup = provider if PROVIDER_NAME.fullmatch(provider) else ""
@@ -202,7 +208,7 @@ class ProxyApp:
             logger.exception("token lookup failed for request %s", scope["state"]["request_id"])
             raise Unavailable(f"storage unavailable (request id {scope['state']['request_id']})") from None
         if access is None:
-            raise Unauthorized(UNAUTHORIZED_MESSAGE)
+            raise _unauthorized()
         return access, token
 
     def _authorize(
