@@ -13,7 +13,7 @@ from credgate.services import integrations
 from credgate.services.context import Context
 from credgate.specs import Endpoint, QueryAuth
 from tests.e2e.conftest import Project, add_custom, serving, start_gateway, stop_gateway
-from tests.upstream import Upstream
+from tests.upstream import Upstream, run_raw_upstream
 
 HEAD_LIMIT = 8192
 
@@ -423,3 +423,45 @@ async def test_bi11_head_and_options_are_forwarded_only_where_an_endpoint_allows
 
 # BI-12: the plan's properties over generated requests are tests/proxy/test_plan_properties.py (Hypothesis); the
 # admin API under generated requests is tests/admin_api/test_schemathesis.py.
+
+
+async def test_bi10_end_to_end_response_headers_arrive_as_sent_and_hop_by_hop_ones_do_not(
+    gateway_url: str, ctx: Context, project: Project
+) -> None:
+    head_lines = [
+        "HTTP/1.1 201 Created",
+        "Content-Type: application/json",
+        "x-request-id: req_upstream",
+        "openai-processing-ms: 12",
+        "retry-after: 3",
+        "set-cookie: a=1; Path=/",
+        "set-cookie: b=2; Path=/",
+        "x-ratelimit-remaining-requests: 59",
+        "Connection: keep-alive, X-Hop",
+        "X-Hop: per-connection",
+        "Keep-Alive: timeout=5",
+        "Proxy-Authenticate: Basic",
+        "Content-Length: 2",
+    ]
+    response_head = ("\r\n".join(head_lines) + "\r\n\r\n").encode()
+    async with run_raw_upstream([response_head, b"{}"]) as raw:
+        await add_custom(ctx, project, "raw", raw.url)
+        async with httpx.AsyncClient() as client:
+            response = await client.get(
+                f"{gateway_url}/proxy/raw/x", headers={"Authorization": f"Bearer {project.token}"}
+            )
+    assert response.status_code == 201
+    assert response.content == b"{}"
+    assert response.headers.get_list("set-cookie") == ["a=1; Path=/", "b=2; Path=/"]
+    for name, value in [
+        ("x-request-id", "req_upstream"),
+        ("openai-processing-ms", "12"),
+        ("retry-after", "3"),
+        ("x-ratelimit-remaining-requests", "59"),
+    ]:
+        assert response.headers.get_list(name) == [value]
+    for hop in ("x-hop", "keep-alive", "proxy-authenticate"):
+        assert hop not in response.headers
+    added = set(response.headers) - {line.split(":")[0].lower() for line in head_lines[1:]}
+    assert added <= {"x-credgate-request-id", "connection", "date", "server"}  # only what is documented
+    assert "server" not in response.headers  # credgate adds no Server header of its own
