@@ -1,5 +1,8 @@
 """The SSRF guard's address rules, in every spelling a resolver accepts."""
 
+import asyncio
+import socket
+
 import pytest
 
 from credgate.netguard import UpstreamRefused, check_upstream_url, is_public, normalise_host, numeric_host
@@ -41,6 +44,9 @@ REFUSED = [
     "https://1.0.0.127.in-addr.arpa/v1",
     "https://240.0.0.1/v1",  # reserved
     "https://198.18.0.1/v1",  # benchmarking
+    "https://[fec0::1]/v1",  # site-local, deprecated
+    "https://[3fff::1]/v1",  # documentation
+    "https://[5f00::1]/v1",  # SRv6
 ]
 
 
@@ -68,8 +74,14 @@ async def test_plain_http_needs_the_private_setting() -> None:
         await check_upstream_url("http://8.8.8.8/v1", allow_private=False)
 
 
-async def test_a_name_that_does_not_resolve_now_is_checked_at_connect_time_instead() -> None:
-    await check_upstream_url("https://api.does-not-resolve.invalid/v1", allow_private=False)
+async def test_a_name_that_does_not_resolve_now_is_checked_at_connect_time_instead(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async def nxdomain(*args: object, **kwargs: object) -> list[object]:
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    monkeypatch.setattr(asyncio.get_running_loop(), "getaddrinfo", nxdomain)  # no DNS traffic from the suite
+    await check_upstream_url("https://api.example.com/v1", allow_private=False)
 
 
 @pytest.mark.parametrize("url", [*REFUSED, "http://127.0.0.1:8080/v1"])

@@ -17,6 +17,9 @@ IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 _NAT64 = (ipaddress.ip_network("64:ff9b::/96"), ipaddress.ip_network("64:ff9b:1::/48"))
 _IPV4_COMPATIBLE = ipaddress.ip_network("::/96")  # deprecated (RFC 4291), never a real upstream
+# Not global, though the `ipaddress` tables of some Python versions say so: site-local (deprecated, RFC 3879),
+# documentation (RFC 9637) and SRv6 SIDs (RFC 9602).
+_NOT_GLOBAL = tuple(ipaddress.ip_network(network) for network in ("fec0::/10", "3fff::/20", "5f00::/16"))
 # Names private by definition, whatever DNS says today (RFC 6761, 6762, 8375; ICANN's `.internal`, which
 # cloud metadata services use: metadata.google.internal, instance-data.ec2.internal).
 _PRIVATE_SUFFIXES = (".localhost", ".local", ".internal", ".localdomain", ".arpa")
@@ -32,7 +35,7 @@ def is_public(address: str | IPAddress) -> bool:
     """Whether an address (with any IPv4 it embeds) is globally routable and not multicast."""
     ip = address if not isinstance(address, str) else ipaddress.ip_address(address.split("%", 1)[0])
     if isinstance(ip, ipaddress.IPv6Address):
-        if ip in _IPV4_COMPATIBLE or ip.teredo is not None:
+        if ip in _IPV4_COMPATIBLE or ip.teredo is not None or any(ip in network for network in _NOT_GLOBAL):
             return False
         embedded = _embedded_ipv4(ip)
         if embedded is not None:

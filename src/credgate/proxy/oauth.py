@@ -17,6 +17,7 @@ from yarl import URL
 from credgate.crypto import Secret
 from credgate.errors import BadGateway
 from credgate.netguard import refuses_host
+from credgate.proxy.guard import NonPublicAddress
 from credgate.services.access import ResolvedIntegration
 from credgate.specs import OAuth2ClientCredentialsAuth, OAuth2RefreshTokenAuth
 
@@ -95,6 +96,8 @@ class TokenBroker:
                 body = await response.read()
                 status = response.status
         except (aiohttp.ClientError, OSError) as error:
+            if isinstance(getattr(error, "os_error", None), NonPublicAddress):
+                raise BadGateway(f"{provider}: the token endpoint's address is not public; refused") from None
             logger.warning("token endpoint of %s unreachable: %s", provider, type(error).__name__)
             raise BadGateway(f"{provider}: the token endpoint could not be reached") from None
         if status != 200:

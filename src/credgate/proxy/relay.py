@@ -66,6 +66,11 @@ _CHALLENGE = {"WWW-Authenticate": 'Bearer realm="credgate"'}
 _JSON_ERROR_HEADERS = [(b"content-type", b"application/json"), (ERROR_HEADER.encode(), b"true")]
 
 
+def _not_public(provider: str) -> BadGateway:
+    # One wording whatever the spelling of the base URL (a literal address or a name), so it tells nothing.
+    return BadGateway(f"{provider}'s address is not public; refused (CREDGATE_ALLOW_PRIVATE_UPSTREAMS)")
+
+
 def _unauthorized() -> Unauthorized:
     return Unauthorized(UNAUTHORIZED_MESSAGE, headers=_CHALLENGE)
 
@@ -257,9 +262,7 @@ class ProxyApp:
                 project_id=record.project_id, integration=integration, secret=credential
             )
         if not self.allow_private_upstreams and self._refuses(integration.base_url):
-            raise BadGateway(
-                f"{integration.provider}'s address is not public; refused (CREDGATE_ALLOW_PRIVATE_UPSTREAMS)"
-            )
+            raise _not_public(integration.provider)
         plan = plan_upstream(
             method=scope["method"],
             raw_endpoint=raw_endpoint,
@@ -303,10 +306,7 @@ class ProxyApp:
             if isinstance(error, TimeoutError) and not isinstance(error, aiohttp.ConnectionTimeoutError):
                 raise GatewayTimeout(f"{integration.provider} did not answer in time") from None
             if isinstance(getattr(error, "os_error", None), NonPublicAddress):
-                raise BadGateway(
-                    f"{integration.provider} resolves to a non-public address; "
-                    "refused (CREDGATE_ALLOW_PRIVATE_UPSTREAMS)"
-                ) from None
+                raise _not_public(integration.provider) from None
             logger.warning(
                 "upstream %s unreachable for request %s: %s",
                 integration.provider,
