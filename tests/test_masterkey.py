@@ -12,7 +12,6 @@ from credgate.config import Settings
 from credgate.crypto import encode_master_key, master_key_id, new_master_key
 from credgate.errors import StartupError
 from credgate.masterkey import (
-    create_keyring,
     load_keyring,
     master_keys_from_env,
     parse_master_keys,
@@ -45,10 +44,11 @@ async def test_the_first_start_creates_an_owner_only_key_file(tmp_path: Path) ->
 
 async def test_a_later_start_keeps_the_key_it_finds(tmp_path: Path) -> None:
     settings = Settings(data_dir=tmp_path)
-    first = create_keyring(settings)
+    first = await open_context(settings)
+    await first.database.dispose()
     ctx = await open_context(settings)
     await ctx.database.dispose()
-    assert ctx.keyring.key_ids == first.key_ids
+    assert ctx.keyring.key_ids == first.keyring.key_ids
 
 
 def test_loading_never_creates_a_key_file(tmp_path: Path) -> None:

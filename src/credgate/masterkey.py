@@ -38,13 +38,18 @@ def read_key_file(path: Path) -> list[bytes]:
 
 def write_key_file(path: Path, keys: list[bytes]) -> None:
     """Write the key file atomically, readable by its owner only."""
+    write_private_file(path, "".join(encode_master_key(key) + "\n" for key in keys))
+
+
+def write_private_file(path: Path, text: str) -> None:
+    """Write a file of the data dir atomically, readable by its owner only (mode 0600)."""
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     temporary = path.with_name(path.name + ".tmp")
     # A leftover temporary file would keep its own mode through O_CREAT; start from none.
     temporary.unlink(missing_ok=True)
     descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(descriptor, "w") as file:
-        file.write("".join(encode_master_key(key) + "\n" for key in keys))
+        file.write(text)
         file.flush()
         os.fsync(file.fileno())
     os.replace(temporary, path)

@@ -1,28 +1,44 @@
-"""Database: the async engine, transactions and schema migrations (Alembic, applied at start)."""
+"""Database: the async engine, transactions and schema migrations (Alembic, applied at start).
 
+It also keeps the engine on the database it opened. A new connection must find the database's id (once the
+bootstrap has settled it). On SQLite, connecting never creates the file (only `upgrade` does, at a start the
+bootstrap allowed), and every connection is tied to the file it opened: once the file at the path is deleted or
+replaced, every transaction fails with StorageUnavailable until a restart, instead of writing to a copy nobody
+will read again.
+"""
+
+import logging
 import os
 from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
+from urllib.parse import quote
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Connection, event, inspect, text
+from sqlalchemy import URL, Connection, event, inspect, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import InterfaceError, OperationalError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 
 from credgate.storage.repository import Repository
 
+logger = logging.getLogger(__name__)
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
+# The meta row holding the random id a database is given when it is created (see services/bootstrap.py).
+DATABASE_ID = "database_id"
+_SELECT_DATABASE_ID = "SELECT value FROM meta WHERE name = 'database_id'"
 _WRITE_OPTION = "credgate_write"
+_FILE_INFO = "credgate_file"  # the (device, inode) a pooled SQLite connection was opened on
 # Arbitrary constant: serialises migrations of several instances starting at once on PostgreSQL.
 _PG_MIGRATION_LOCK = 0x63726467
 
+FileIdentity = tuple[int, int]
+
 
 class StorageUnavailable(Exception):
-    """The database does not answer; the message holds no connection secret."""
+    """The database does not answer, or is no longer the one opened; the message holds no connection secret."""
 
 
 class Database:
@@ -31,43 +47,150 @@ class Database:
     def __init__(self, url: str, *, connect_args: Mapping[str, Any] | None = None) -> None:
         parsed = make_url(url)
         self.is_sqlite = parsed.get_backend_name() == "sqlite"
-        if self.is_sqlite and parsed.database and parsed.database != ":memory:":
-            _create_private_file(Path(parsed.database))
-        self.engine = create_async_engine(url, connect_args=dict(connect_args or {}), pool_pre_ping=not self.is_sqlite)
+        # The SQLite file this engine guards; None for PostgreSQL, in-memory and `file:` URI databases.
+        self.file = _sqlite_file(parsed)
+        # Set by `claim_identity` once the bootstrap has settled which database this is.
+        self.database_id: str | None = None
+        self._unanswered = False  # logged once, not on every failing request
+        self._file_gone = False
+        self._closed_after_loss = False
+        if self.file is not None:
+            # Read-write, never create: a file deleted under the running gateway must not come back empty.
+            parsed = parsed.set(
+                database=f"file:{quote(str(self.file))}", query={**parsed.query, "mode": "rw", "uri": "true"}
+            )
+        self.engine = create_async_engine(
+            parsed, connect_args=dict(connect_args or {}), pool_pre_ping=not self.is_sqlite
+        )
+        engine = self.engine.sync_engine
         if self.is_sqlite:
-            _configure_sqlite(self.engine.sync_engine)
+            _configure_sqlite(engine)
+        event.listen(engine, "connect", self._on_connect)
+        if self.file is not None:
+            event.listen(engine, "checkout", self._on_checkout)
+            event.listen(engine, "commit", self._on_commit)
+            event.listen(engine, "checkin", self._on_checkin)
 
     @asynccontextmanager
     async def transaction(self, *, write: bool = True) -> AsyncIterator[Repository]:
         """A unit of work: committed when the block ends, rolled back if it raises."""
-        with _unavailable_on_failure(only=_CONNECTION_FAILURES):
-            async with self.engine.connect() as connection:
-                if write:
-                    await connection.execution_options(**{_WRITE_OPTION: True})
-                session = AsyncSession(bind=connection, expire_on_commit=False)
-                async with session, session.begin():
-                    yield Repository(session)
+        await self._refuse_if_file_gone()
+        try:
+            with _unavailable_on_failure(only=_CONNECTION_FAILURES):
+                async with self.engine.connect() as connection:
+                    if write:
+                        await connection.execution_options(**{_WRITE_OPTION: True})
+                    session = AsyncSession(bind=connection, expire_on_commit=False)
+                    async with session, session.begin():
+                        yield Repository(session)
+        except SQLAlchemyError:
+            # A query failing on a database that is no longer this one (a PostgreSQL schema dropped under the
+            # running gateway) is the database gone, not a bug.
+            try:
+                await self.ping()
+            except StorageUnavailable as gone:
+                raise StorageUnavailable(str(gone)) from None
+            raise
 
     async def ping(self) -> None:
+        """Return if the database answers and is still the one this engine opened; else StorageUnavailable."""
+        await self._refuse_if_file_gone()
         with _unavailable_on_failure():
             async with self.engine.connect() as connection:
-                await connection.execute(text("SELECT 1"))
+                if self.database_id is None:
+                    await connection.execute(text("SELECT 1"))
+                    return
+                found = await connection.scalar(text(_SELECT_DATABASE_ID))
+        if found != self.database_id:
+            raise StorageUnavailable("the database is not the one this gateway opened")
 
     async def has_schema(self) -> bool:
+        if self.file is not None and _identity_of(self.file) is None:
+            return False  # and connecting would not create it
         with _unavailable_on_failure():
             async with self.engine.connect() as connection:
                 return await connection.run_sync(lambda sync: inspect(sync).has_table("meta"))
 
     async def upgrade(self) -> None:
-        """Apply every pending migration."""
+        """Create the database if there is none yet, and apply every pending migration."""
+        if self.file is not None and _identity_of(self.file) is None:
+            _create_private_file(self.file)
         with _unavailable_on_failure():
             async with self.engine.begin() as connection:
                 if connection.dialect.name == "postgresql":
                     await connection.execute(text(f"SELECT pg_advisory_xact_lock({_PG_MIGRATION_LOCK})"))
                 await connection.run_sync(_upgrade)
 
+    async def claim_identity(self, candidate: str) -> str:
+        """The database's id: the one it has, else `candidate`, stored now. The engine then serves only it."""
+        with _unavailable_on_failure():
+            async with self.engine.connect() as connection:
+                await connection.execution_options(**{_WRITE_OPTION: True})
+                async with connection.begin():
+                    if connection.dialect.name == "postgresql":
+                        # Two first starts at once must agree on one id, not both insert theirs.
+                        await connection.execute(text(f"SELECT pg_advisory_xact_lock({_PG_MIGRATION_LOCK})"))
+                    found = await connection.scalar(text(_SELECT_DATABASE_ID))
+                    if found is None:
+                        insert = text("INSERT INTO meta (name, value) VALUES (:name, :value)")
+                        await connection.execute(insert, {"name": DATABASE_ID, "value": candidate})
+        self.database_id = candidate if found is None else str(found)
+        return self.database_id
+
     async def dispose(self) -> None:
         await self.engine.dispose()
+
+    # Guards, run by the engine's events.
+
+    def _on_connect(self, dbapi_connection: Any, record: Any) -> None:
+        if self.file is not None:
+            record.info[_FILE_INFO] = _identity_of(self.file)
+        if self.database_id is None:
+            return  # still starting: the bootstrap judges what it finds
+        if _read_database_id(dbapi_connection) != self.database_id:
+            if not self._unanswered:
+                self._unanswered = True
+                logger.error("the database is not the one this gateway opened (dropped, emptied or replaced)")
+            raise StorageUnavailable("the database is not the one this gateway opened")
+        if self._unanswered:
+            self._unanswered = False
+            logger.warning("database %s answers again", self.database_id)
+
+    def _on_checkout(self, _dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+        # One stat() per checkout, a few microseconds; the proxy's hot path reads its cache, not the database.
+        if self.file is not None and (self._file_gone or _identity_of(self.file) != record.info.get(_FILE_INFO)):
+            self._give_up_on_file(self.file)  # this connection is closed by the pool as the error goes by
+
+    def _on_commit(self, connection: Connection) -> None:
+        # A write is answered 2xx only if it lands in the file at the path: deleted or replaced since this
+        # transaction began, the file it would go to is one nobody will read again. Not committed, it rolls back.
+        if self.file is not None and _identity_of(self.file) != connection.info.get(_FILE_INFO):
+            self._give_up_on_file(self.file)
+
+    def _on_checkin(self, dbapi_connection: Any, record: Any) -> None:
+        if self._file_gone and dbapi_connection is not None:
+            record.invalidate()  # closed, not kept: see _give_up_on_file
+
+    def _give_up_on_file(self, file: Path) -> NoReturn:
+        """The file at the path is no longer the one the connections are on: refuse everything until a restart.
+
+        No connection is made to whatever is at the path now, and those onto the old file are closed at once:
+        closing the last connection of a file, SQLite checkpoints it and deletes its -wal by name, and that name
+        may be a restored copy's by then (the README says: stop the gateway, restore, start).
+        """
+        problem = f"the database file {file} was deleted or replaced"
+        if not self._file_gone:
+            self._file_gone = True
+            logger.error("%s: requests that need the database get 503 until the gateway is restarted", problem)
+        raise StorageUnavailable(problem)
+
+    async def _refuse_if_file_gone(self) -> None:
+        if not self._file_gone:
+            return
+        if not self._closed_after_loss:
+            self._closed_after_loss = True
+            await self.engine.dispose()  # the idle connections; those in use close on their return
+        raise StorageUnavailable(f"the database file {self.file} was deleted or replaced")
 
 
 # The database did not answer (down, unreachable, locked too long), as opposed to a query that is wrong.
@@ -83,6 +206,36 @@ def _unavailable_on_failure(
         yield
     except only as error:
         raise StorageUnavailable(f"the database does not answer ({type(error).__name__})") from None
+
+
+def _sqlite_file(url: URL) -> Path | None:
+    if url.get_backend_name() != "sqlite" or not url.database or url.database == ":memory:" or "uri" in url.query:
+        return None
+    # Absolute, so that what is checked with stat() is what SQLite opens whatever the working directory.
+    return Path(url.database).absolute()
+
+
+def _identity_of(path: Path) -> FileIdentity | None:
+    try:
+        found = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return found.st_dev, found.st_ino
+
+
+def _read_database_id(dbapi_connection: Any) -> str | None:
+    """The id in a new connection's database; None when it has none or is not credgate's (no `meta` table)."""
+    try:
+        cursor = dbapi_connection.cursor()
+        try:
+            cursor.execute(_SELECT_DATABASE_ID)
+            row = cursor.fetchone()
+        finally:
+            cursor.close()
+        dbapi_connection.rollback()  # PostgreSQL's driver began a transaction for the query
+    except Exception:  # whatever the driver's error class: not the database this engine opened
+        return None
+    return None if row is None else str(row[0])
 
 
 def _create_private_file(path: Path) -> None:
