@@ -138,7 +138,6 @@ class ProxyApp:
         recorder: UsageRecorder,
         *,
         max_in_flight: int = 1000,
-        upstream_idle_seconds: float = 300.0,
     ) -> None:
         self.ctx = ctx
         self.session = session
@@ -146,7 +145,6 @@ class ProxyApp:
         self.max_request_bytes = settings.max_request_bytes
         self.max_in_flight = max_in_flight
         self.client_idle_seconds = settings.client_body_timeout_seconds
-        self.upstream_idle_seconds = upstream_idle_seconds
         self.rate_limiter = RateLimiter()
         self.in_flight = 0
         self.allow_private_upstreams = settings.allow_private_upstreams
@@ -316,7 +314,9 @@ class ProxyApp:
             raise BadGateway(f"{integration.provider} could not be reached") from None
         record.request_bytes = body.received
         try:
-            await self._stream_response(response, send, record, watch, plan.query_secrets)
+            await self._stream_response(
+                response, send, record, watch, plan.query_secrets, integration.stream_idle_timeout_seconds
+            )
         except asyncio.CancelledError:
             if not watch.absorb_cancellation():
                 raise
@@ -374,6 +374,7 @@ class ProxyApp:
         record: ProxiedRequest,
         watch: "ClientWatch",
         query_secrets: tuple[str, ...],
+        idle_seconds: float,
     ) -> None:
         headers = response_headers(response.raw_headers, secrets=query_secrets)
         content_type = response.headers.get("Content-Type", "")
@@ -388,7 +389,7 @@ class ProxyApp:
         kept = 0
         try:
             while True:
-                async with asyncio.timeout(self.upstream_idle_seconds):
+                async with asyncio.timeout(idle_seconds):
                     chunk = await content.readany()
                 done = content.at_eof()
                 watch.finishing = done
