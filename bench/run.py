@@ -9,8 +9,6 @@ time-to-first-byte it adds, and its peak RSS. --soak runs load for that many sec
 """
 
 import argparse
-import json
-import os
 import re
 import shutil
 import socket
@@ -21,43 +19,27 @@ import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).parent
-BIN = Path(sys.executable).parent
-CORES = os.cpu_count() or 1
-GATEWAY_CORE, LOAD_CORE = ("0", "1") if CORES >= 2 else ("0", "0")
-KEY = "sk-bench-not-a-real-key-000000000000"
+from harness import (
+    BIN,
+    CORES,
+    GATEWAY_CORE,
+    HERE,
+    LOAD_CORE,
+    add_bench_project,
+    free_port,
+    gateway_env,
+    peak_rss_mb,
+    pinned,
+    rss_mb,
+    store_section,
+    wait_for_port,
+)
+
 LUA = """wrk.method = "POST"
 wrk.body = '{"model":"gpt-4o-mini","messages":[{"role":"user","content":"Say hello."}]}'
 wrk.headers["Content-Type"] = "application/json"
 wrk.headers["Authorization"] = "Bearer %s"
 """
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def pinned(core: str, command: list[str]) -> list[str]:
-    return ["taskset", "-c", core, *command] if shutil.which("taskset") else command
-
-
-def wait_for_port(port: int, timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with socket.socket() as probe:
-            if probe.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.05)
-    raise RuntimeError(f"nothing listens on {port}")
-
-
-def credgate(env: dict[str, str], *args: str, stdin: str | None = None) -> str:
-    result = subprocess.run(
-        [str(BIN / "credgate"), *args], env=env, input=stdin, capture_output=True, text=True, check=True
-    )
-    return result.stdout
 
 
 def wrk(url: str, script: Path, connections: int, duration: int) -> dict[str, float]:
@@ -100,17 +82,6 @@ def first_byte_ms(host_port: tuple[str, int], path: str, token: str, samples: in
     return statistics.median(times)
 
 
-def peak_rss_mb(pid: int) -> float:
-    status = Path(f"/proc/{pid}/status").read_text()
-    match = re.search(r"VmHWM:\s+(\d+) kB", status)
-    return int(match.group(1)) / 1024 if match else float("nan")
-
-
-def rss_mb(pid: int) -> float:
-    match = re.search(r"VmRSS:\s+(\d+) kB", Path(f"/proc/{pid}/status").read_text())
-    return int(match.group(1)) / 1024 if match else float("nan")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--duration", type=int, default=10, help="seconds per wrk run")
@@ -122,24 +93,8 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp(prefix="credgate-bench-"))
     upstream_port, gateway_port = free_port(), free_port()
-    env = {**os.environ, "CREDGATE_DATA_DIR": str(work / "data"), "CREDGATE_ALLOW_PRIVATE_UPSTREAMS": "true"}
-    env = {name: value for name, value in env.items() if not name.startswith("CREDGATE_TEST_")}
-    project = json.loads(credgate(env, "projects", "create", "bench"))
-    project_id, token = project["project"]["id"], project["secret"]
-    credgate(
-        env,
-        "integrations",
-        "add",
-        project_id,
-        "openai",
-        "--template",
-        "openai-chat-completions",
-        "--base-url",
-        f"http://127.0.0.1:{upstream_port}/v1",
-        "--api-key-stdin",
-        stdin=KEY,
-    )
-    credgate(env, "integrations", "set-endpoints", project_id, "openai", "POST chat/completions", "GET sse")
+    env = gateway_env(work / "data")
+    token = add_bench_project(env, upstream_port, ["POST chat/completions", "GET sse"])
     script = work / "post.lua"
     script.write_text(LUA % token)
 
@@ -177,7 +132,7 @@ def main() -> None:
         report = render(rows, ttfb_direct, ttfb_gateway, peak, soak, options.duration)
         print(report)
         if options.write:
-            (HERE / "RESULTS.md").write_text(report)
+            store_section(report)
     finally:
         for process in processes:
             process.terminate()

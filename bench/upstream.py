@@ -4,6 +4,8 @@ whose first event leaves at once (for time-to-first-byte)."""
 
 import asyncio
 import sys
+from collections.abc import Coroutine
+from typing import Any
 
 try:
     import uvloop
@@ -25,8 +27,11 @@ SSE_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-enco
 SSE_EVENT = b'data: {"choices":[{"delta":{"content":"hi"}}]}\n\n'
 
 
-def _chunk(data: bytes) -> bytes:
+def chunk(data: bytes) -> bytes:
     return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+SSE_DONE = chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n"  # the last event, then the end of the chunked body
 
 
 class Upstream(asyncio.Protocol):
@@ -49,19 +54,27 @@ class Upstream(asyncio.Protocol):
             if len(self.buffer) < end + 4 + length:
                 return
             self.buffer = self.buffer[end + 4 + length :]
-            if head.startswith(b"get /v1/sse"):
-                stream = asyncio.ensure_future(self._stream())
-                self.streams.add(stream)
-                stream.add_done_callback(self.streams.discard)
-            else:
-                self.transport.write(CHAT_RESPONSE)
+            self.respond(head)
 
-    async def _stream(self) -> None:
-        self.transport.write(SSE_HEAD + _chunk(SSE_EVENT))
+    def respond(self, head: bytes) -> None:
+        """Answer one request, given its head in lower case."""
+        if head.startswith(b"get /v1/sse"):
+            self.spawn(self.stream_events())
+        else:
+            self.transport.write(CHAT_RESPONSE)
+
+    def spawn(self, response: Coroutine[Any, Any, None]) -> None:
+        """Write a response that takes time, as a task of this connection."""
+        stream = asyncio.ensure_future(response)
+        self.streams.add(stream)
+        stream.add_done_callback(self.streams.discard)
+
+    async def stream_events(self) -> None:
+        self.transport.write(SSE_HEAD + chunk(SSE_EVENT))
         for _ in range(3):
             await asyncio.sleep(0.01)
-            self.transport.write(_chunk(SSE_EVENT))
-        self.transport.write(_chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+            self.transport.write(chunk(SSE_EVENT))
+        self.transport.write(SSE_DONE)
 
 
 async def main(port: int) -> None:

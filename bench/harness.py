@@ -1,0 +1,165 @@
+"""The benchmarks' harness: loopback ports, core pinning, the `credgate` CLI, a data dir with a project whose
+`openai` integration points at a local stand-in upstream, the gateway process as /proc shows it, and the
+sections of bench/RESULTS.md."""
+
+import http.client
+import importlib.util
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).parent
+RESULTS = HERE / "RESULTS.md"
+BIN = Path(sys.executable).parent
+CORES = os.cpu_count() or 1
+GATEWAY_CORE, LOAD_CORE = ("0", "1") if CORES >= 2 else ("0", "0")
+KEY = "sk-bench-not-a-real-key-000000000000"
+PROBE_PREFIX = "credgate-bench-probe "  # bench/instrumented_serve.py's report line
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def pinned(core: str, command: list[str]) -> list[str]:
+    return ["taskset", "-c", core, *command] if shutil.which("taskset") else command
+
+
+def pin_this_process(core: str) -> None:
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {int(core)})
+
+
+def wait_for_port(port: int, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    raise RuntimeError(f"nothing listens on {port}")
+
+
+def credgate(env: dict[str, str], *args: str, stdin: str | None = None) -> str:
+    result = subprocess.run(
+        [str(BIN / "credgate"), *args], env=env, input=stdin, capture_output=True, text=True, check=True
+    )
+    return result.stdout
+
+
+def gateway_env(data_dir: Path, **extra: str) -> dict[str, str]:
+    """The gateway's environment: a fresh data dir, loopback upstreams allowed, nothing of the test suite's."""
+    env = {**os.environ, "CREDGATE_DATA_DIR": str(data_dir), "CREDGATE_ALLOW_PRIVATE_UPSTREAMS": "true", **extra}
+    return {name: value for name, value in env.items() if not name.startswith("CREDGATE_TEST_")}
+
+
+def add_bench_project(env: dict[str, str], upstream_port: int, endpoints: list[str]) -> str:
+    """Create the project `bench` with an `openai` integration at the stand-in upstream; returns its token."""
+    project = json.loads(credgate(env, "projects", "create", "bench"))
+    project_id, token = project["project"]["id"], project["secret"]
+    credgate(
+        env,
+        "integrations",
+        "add",
+        project_id,
+        "openai",
+        "--template",
+        "openai-chat-completions",
+        "--base-url",
+        f"http://127.0.0.1:{upstream_port}/v1",
+        "--api-key-stdin",
+        stdin=KEY,
+    )
+    credgate(env, "integrations", "set-endpoints", project_id, "openai", *endpoints)
+    return str(token)
+
+
+def admin_api(port: int, admin_token: str, method: str, path: str, body: Mapping[str, object]) -> dict[str, Any]:
+    """One call of the gateway's admin API; raises unless it answers 2xx."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        headers = {"Authorization": f"Bearer {admin_token}", "Content-Type": "application/json"}
+        connection.request(method, f"/api/v1{path}", json.dumps(body), headers)
+        response = connection.getresponse()
+        answer = response.read()
+    finally:
+        connection.close()
+    if not 200 <= response.status < 300:
+        raise RuntimeError(f"{method} {path}: {response.status} {answer[:300]!r}")
+    result: dict[str, Any] = json.loads(answer)
+    return result
+
+
+def add_bench_project_over_api(port: int, admin_token: str, upstream_port: int, endpoints: list[str]) -> str:
+    """add_bench_project through a running gateway's admin API, which costs no CLI start-ups."""
+    project = admin_api(port, admin_token, "POST", "/projects", {"name": "bench"})
+    project_id, token = project["project"]["id"], project["secret"]
+    integration = {
+        "provider": "openai",
+        "template": "openai-chat-completions",
+        "base_url": f"http://127.0.0.1:{upstream_port}/v1",
+        "api_key": KEY,
+    }
+    admin_api(port, admin_token, "POST", f"/projects/{project_id}/integrations", integration)
+    allowed = [dict(zip(("method", "path"), endpoint.split(" ", 1), strict=True)) for endpoint in endpoints]
+    admin_api(port, admin_token, "PUT", f"/projects/{project_id}/integrations/openai/endpoints", {"endpoints": allowed})
+    return str(token)
+
+
+def credgate_revision() -> str:
+    """Which credgate the gateway runs (the one this interpreter would import): its commit, and whether its
+    source differs from it."""
+    spec = importlib.util.find_spec("credgate")
+    if spec is None or spec.origin is None:
+        return "credgate (not found)"
+    where = str(Path(spec.origin).parent)
+    try:
+        commit = subprocess.run(
+            ["git", "-C", where, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        changed = subprocess.run(
+            ["git", "-C", where, "status", "--porcelain", "--", "."], capture_output=True, text=True, check=True
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return f"credgate from {where}"
+    return f"credgate {commit}" + (" with uncommitted changes" if changed else "")
+
+
+def peak_rss_mb(pid: int) -> float:
+    status = Path(f"/proc/{pid}/status").read_text()
+    match = re.search(r"VmHWM:\s+(\d+) kB", status)
+    return int(match.group(1)) / 1024 if match else float("nan")
+
+
+def rss_mb(pid: int) -> float:
+    match = re.search(r"VmRSS:\s+(\d+) kB", Path(f"/proc/{pid}/status").read_text())
+    return int(match.group(1)) / 1024 if match else float("nan")
+
+
+def open_fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def store_section(text: str, path: Path = RESULTS) -> None:
+    """Put `text`, a section that starts with a `# ` heading, into the results file: in place of the section of
+    the same heading if there is one, else at the end. Other sections are kept."""
+    heading = text.splitlines()[0]
+    sections = re.split(r"(?m)^(?=# )", path.read_text()) if path.exists() else []
+    kept = [section for section in sections if section.strip()]
+    for index, section in enumerate(kept):
+        if section.splitlines()[0] == heading:
+            kept[index] = text
+            break
+    else:
+        kept.append(text)
+    path.write_text("\n".join(section.rstrip("\n") + "\n" for section in kept))
