@@ -105,7 +105,12 @@ async def soak(plan: Plan, work: Path) -> tuple[list[Row], list[Tally], list[Che
         token = await asyncio.to_thread(add_bench_project_over_api, gateway_port, admin_token, upstream_port, ENDPOINTS)
         observer = Observer(gateway, control_port)
         load = Load(gateway_port, token, plan.concurrency)
-        return await _phases(plan, load, observer, work / "gateway.log")
+        phases = Phases(plan, load, observer)
+        baseline = await phases.warm_up()
+        await phases.disconnects(baseline)
+        await phases.error_storm(baseline)
+        await phases.mixed_load(baseline, work / "gateway.log")
+        return phases.rows, phases.tallies, phases.checks
     finally:
         for process in (gateway, upstream):
             process.terminate()
@@ -116,91 +121,97 @@ async def soak(plan: Plan, work: Path) -> tuple[list[Row], list[Tally], list[Che
                 await process.wait()
 
 
-async def _phases(plan: Plan, load: Load, observer: Observer, log: Path) -> tuple[list[Row], list[Tally], list[Check]]:
-    rows: list[Row] = []
-    tallies: list[Tally] = []
-    checks: list[Check] = []
+class Phases:
+    """The soak's phases, in order, each adding its samples, tallies and criteria."""
 
-    async def run(label: str, count: int, pick: Pick) -> Tally:
-        tally = await load.run(label, count, pick)
-        tallies.append(tally)
+    def __init__(self, plan: Plan, load: Load, observer: Observer) -> None:
+        self.plan = plan
+        self.load = load
+        self.observer = observer
+        self.rows: list[Row] = []
+        self.tallies: list[Tally] = []
+        self.checks: list[Check] = []
+
+    async def run(self, label: str, count: int, pick: Pick) -> Tally:
+        tally = await self.load.run(label, count, pick)
+        self.tallies.append(tally)
         print(f"{label}: {tally.summary()}", flush=True)
         return tally
 
-    await run("warm-up", plan.warmup, lambda index: MIX[index % len(MIX)])
-    baseline, _ = await observer.settle(lambda sample: sample.upstream_active == 0, SETTLE_SECONDS)
-    await asyncio.sleep(1.0)
-    baseline = await observer.sample()
-    rows.append(Row(f"baseline, after a warm-up of {plan.warmup:,} mixed requests", baseline))
-    await observer.upstream("reset")
+    async def warm_up(self) -> Sample:
+        await self.run("warm-up", self.plan.warmup, lambda index: MIX[index % len(MIX)])
+        await self.observer.settle(lambda sample: sample.upstream_active == 0, SETTLE_SECONDS)
+        await asyncio.sleep(0.5)
+        baseline = await self.observer.sample()
+        self.rows.append(Row(f"baseline, after a warm-up of {self.plan.warmup:,} mixed requests", baseline))
+        return baseline
 
-    async def settled(item: str, label: str, rss_limit: float) -> Sample:
+    async def settled(self, baseline: Sample, item: str, label: str, rss_limit: float) -> None:
+        """Sample until the leak criteria hold, for at most SETTLE_SECONDS, and judge the last sample."""
+
         def holds(sample: Sample) -> bool:
             return all(check.passed for check in leak_checks(item, baseline, sample, rss_limit))
 
-        sample, elapsed = await observer.settle(holds, SETTLE_SECONDS)
-        rows.append(Row(f"{label}, +{elapsed:.1f} s", sample))
-        checks.extend(leak_checks(item, baseline, sample, rss_limit))
-        return sample
+        sample, elapsed = await self.observer.settle(holds, SETTLE_SECONDS)
+        self.rows.append(Row(f"{label}, +{elapsed:.1f} s", sample))
+        self.checks.extend(leak_checks(item, baseline, sample, rss_limit))
 
-    # FT-07
-    left = await run(f"FT-07 {plan.disconnects:,} mid-stream disconnects", plan.disconnects, lambda index: LEAVE)
-    checks.append(left.check("FT-07", "every client read three events of its stream, then left"))
-    closes = await observer.closes(left.left_at, SETTLE_SECONDS)
-    checks.extend(close_checks("FT-07", closes, (await observer.upstream())["peak_active"]))
-    await settled("FT-07", f"FT-07 after {plan.disconnects:,} disconnects", 5.0)
-    after = await run("FT-07 next normal requests", plan.after_disconnects, lambda index: JSON)
-    checks.append(after.check("FT-07", f"the next {plan.after_disconnects} normal requests succeed"))
+    async def departures_judged(self, item: str, tally: Tally) -> None:
+        closes = await self.observer.closes(tally.left_at, SETTLE_SECONDS)
+        self.checks.extend(close_checks(item, closes, (await self.observer.upstream())["peak_active"]))
 
-    # LS-06
-    await observer.upstream("reset")
-    storm = await run(f"LS-06 {plan.storm:,} streamed upstream 429s", plan.storm, lambda index: STREAMED_429)
-    checks.append(storm.check("LS-06", f"{plan.storm:,} streamed upstream 429s in a row relayed unchanged"))
-    after = await run("LS-06 next normal requests", plan.after_storm, lambda index: (JSON, SSE)[index % 2])
-    checks.append(after.check("LS-06", f"the next {plan.after_storm:,} requests succeed (no pool exhaustion)"))
-    # Each client has one request at a time: an upstream connection still answering after its client's response
-    # ended would show as more.
-    peak = (await observer.upstream())["peak_active"]
-    checks.append(
-        Check(
-            "LS-06",
-            f"active upstream connections never above the {plan.concurrency} clients",
-            peak <= plan.concurrency,
-            f"peak {peak}",
-        )
-    )
-    await settled("LS-06", "LS-06 after the storm", 5.0)
+    async def disconnects(self, baseline: Sample) -> None:
+        """FT-07."""
+        plan = self.plan
+        await self.observer.upstream("reset")
+        left = await self.run(f"FT-07 {plan.disconnects:,} mid-stream disconnects", plan.disconnects, lambda i: LEAVE)
+        self.checks.append(left.check("FT-07", "every client read three events of its stream, then left"))
+        await self.departures_judged("FT-07", left)
+        await self.settled(baseline, "FT-07", f"FT-07 after {plan.disconnects:,} disconnects", 5.0)
+        after = await self.run("FT-07 next normal requests", plan.after_disconnects, lambda index: JSON)
+        self.checks.append(after.check("FT-07", f"the next {plan.after_disconnects} normal requests succeed"))
 
-    # LS-05
-    await observer.upstream("reset")
-    mixed = await run(f"LS-05 {plan.requests:,} mixed requests", plan.requests, lambda index: MIX[index % len(MIX)])
-    checks.append(mixed.check("LS-05", "every answer as expected (relayed upstream errors included)"))
-    closes = await observer.closes(mixed.left_at, SETTLE_SECONDS)
-    checks.extend(close_checks("LS-05", closes, (await observer.upstream())["peak_active"]))
-    await settled("LS-05", f"LS-05 after {plan.requests:,} requests", 50.0)
-    await asyncio.sleep(plan.idle_seconds)
-    idle = await observer.sample()
-    rows.append(Row(f"LS-05 after {plan.idle_seconds:g} s idle", idle))
-    checks.append(
-        Check(
-            "LS-05",
-            f"RSS after {plan.idle_seconds:g} s idle within 10 % of baseline",
-            idle.rss_mib <= baseline.rss_mib * 1.10,
-            f"{baseline.rss_mib:.1f} → {idle.rss_mib:.1f} MiB",
-        )
-    )
-    if plan.idle_seconds > POOL_DRAINED_SECONDS:
-        checks.append(
+    async def error_storm(self, baseline: Sample) -> None:
+        """LS-06."""
+        plan = self.plan
+        await self.observer.upstream("reset")
+        storm = await self.run(f"LS-06 {plan.storm:,} streamed upstream 429s", plan.storm, lambda i: STREAMED_429)
+        self.checks.append(storm.check("LS-06", f"{plan.storm:,} streamed upstream 429s in a row relayed unchanged"))
+        after = await self.run("LS-06 next normal requests", plan.after_storm, lambda index: (JSON, SSE)[index % 2])
+        self.checks.append(after.check("LS-06", f"the next {plan.after_storm:,} requests succeed (no pool exhaustion)"))
+        # Each client has one request at a time: an upstream connection still answering after its client's response
+        # ended would show as more.
+        peak = (await self.observer.upstream())["peak_active"]
+        text = f"active upstream connections never above the {plan.concurrency} clients"
+        self.checks.append(Check("LS-06", text, peak <= plan.concurrency, f"peak {peak}"))
+        await self.settled(baseline, "LS-06", "LS-06 after the storm", 5.0)
+
+    async def mixed_load(self, baseline: Sample, log: Path) -> None:
+        """LS-05, bounded."""
+        plan = self.plan
+        await self.observer.upstream("reset")
+        mixed = await self.run(f"LS-05 {plan.requests:,} mixed requests", plan.requests, lambda i: MIX[i % len(MIX)])
+        self.checks.append(mixed.check("LS-05", "every answer as expected (relayed upstream errors included)"))
+        await self.departures_judged("LS-05", mixed)
+        await self.settled(baseline, "LS-05", f"LS-05 after {plan.requests:,} requests", 50.0)
+        await asyncio.sleep(plan.idle_seconds)
+        idle = await self.observer.sample()
+        self.rows.append(Row(f"LS-05 after {plan.idle_seconds:g} s idle", idle))
+        self.checks.append(
             Check(
                 "LS-05",
-                f"the pool's idle upstream connections all closed after {plan.idle_seconds:g} s idle (15-30 s)",
-                idle.upstream_open == 0,
-                f"{idle.upstream_open} open",
+                f"RSS after {plan.idle_seconds:g} s idle within 10 % of baseline",
+                idle.rss_mib <= baseline.rss_mib * 1.10,
+                f"{baseline.rss_mib:.1f} → {idle.rss_mib:.1f} MiB",
             )
         )
-    errors = [line for line in await asyncio.to_thread(log_lines, log) if " ERROR " in line or "Traceback" in line]
-    checks.append(Check("LS-05", "no error in the gateway's log", not errors, errors[0][:160] if errors else "0 lines"))
-    return rows, tallies, checks
+        if plan.idle_seconds > POOL_DRAINED_SECONDS:
+            text = f"the pool's idle upstream connections all closed after {plan.idle_seconds:g} s idle (15-30 s)"
+            self.checks.append(Check("LS-05", text, idle.upstream_open == 0, f"{idle.upstream_open} open"))
+        lines = await asyncio.to_thread(log_lines, log)
+        errors = [line for line in lines if " ERROR " in line or "Traceback" in line]
+        detail = errors[0][:160] if errors else "0 lines"
+        self.checks.append(Check("LS-05", "no error in the gateway's log", not errors, detail))
 
 
 async def listening(port: int, processes: tuple[asyncio.subprocess.Process, ...], log: Path) -> None:
