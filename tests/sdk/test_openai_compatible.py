@@ -1,5 +1,5 @@
-"""The `openai` SDK against each OpenAI-compatible provider of the catalogue, at the base URL the provider
-documents for it, moved onto the gateway: the template's base URL becomes `{gateway}/proxy/<provider>`."""
+"""The `openai` SDK against each OpenAI-compatible provider of the catalogue: given the gateway's base URL that
+stands for the one the provider documents for the openai SDK, it reaches the provider's real path."""
 
 import json
 from collections.abc import AsyncIterator
@@ -13,16 +13,17 @@ from credgate.services.context import Context
 from tests.e2e.conftest import Project
 from tests.sdk.standin import StandIn, assert_token_nowhere, connect_template, run_stand_in
 
-# The base URL each provider documents for the openai SDK (DeepSeek documents both of its spellings).
-DOCUMENTED = {
-    "deepseek": "https://api.deepseek.com",
-    "deepseek-v1": "https://api.deepseek.com/v1",
-    "xai": "https://api.x.ai/v1",
-    "perplexity": "https://api.perplexity.ai",
-    "openrouter": "https://openrouter.ai/api/v1",
-    "groq": "https://api.groq.com/openai/v1",
-    "together": "https://api.together.xyz/v1",
-    "mistral": "https://api.mistral.ai/v1",
+# The base URL each provider documents for the openai SDK, and the one to give it through the gateway (the
+# README's table); DeepSeek documents two.
+CASES = {
+    "deepseek": ("https://api.deepseek.com", "/proxy/deepseek"),
+    "deepseek-v1": ("https://api.deepseek.com/v1", "/proxy/deepseek/v1"),
+    "xai": ("https://api.x.ai/v1", "/proxy/xai"),
+    "perplexity": ("https://api.perplexity.ai", "/proxy/perplexity"),
+    "openrouter": ("https://openrouter.ai/api/v1", "/proxy/openrouter"),
+    "groq": ("https://api.groq.com/openai/v1", "/proxy/groq/openai/v1"),
+    "together": ("https://api.together.xyz/v1", "/proxy/together/v1"),
+    "mistral": ("https://api.mistral.ai/v1", "/proxy/mistral/v1"),
 }
 MESSAGES: list[openai.types.chat.ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
 
@@ -55,39 +56,32 @@ async def chat(request: web.Request, body: bytes) -> web.StreamResponse:
     return response
 
 
-@pytest.fixture(params=DOCUMENTED, ids=str)
+@pytest.fixture(params=CASES, ids=str)
 def case(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
-def provider_of(case: str) -> str:
-    return case.removesuffix("-v1")
-
-
 @pytest.fixture
 async def stand_in(case: str) -> AsyncIterator[StandIn]:
-    async with run_stand_in({("POST", f"{urlsplit(DOCUMENTED[case]).path}/chat/completions"): chat}) as running:
+    documented, _ = CASES[case]
+    async with run_stand_in({("POST", f"{urlsplit(documented).path}/chat/completions"): chat}) as running:
         yield running
 
 
 @pytest.fixture
 async def key(ctx: Context, project: Project, stand_in: StandIn, case: str) -> str:
-    return await connect_template(ctx, project, stand_in, template=f"{provider_of(case)}-chat-completions")
-
-
-def gateway_base_url(ctx: Context, gateway_url: str, case: str) -> str:
-    """The documented base URL with the template's base URL replaced by the gateway's `/proxy/<provider>`."""
-    provider = provider_of(case)
-    template, documented = urlsplit(ctx.templates[f"{provider}-chat-completions"].base_url), urlsplit(DOCUMENTED[case])
-    assert documented.netloc == template.netloc
-    assert f"{documented.path}/".startswith(f"{template.path.rstrip('/')}/"), "the template cannot reach this URL"
-    return f"{gateway_url}/proxy/{provider}{documented.path.removeprefix(template.path.rstrip('/'))}"
+    provider = case.removesuffix("-v1")
+    documented, _ = CASES[case]
+    assert urlsplit(ctx.templates[f"{provider}-chat-completions"].base_url).netloc == urlsplit(documented).netloc
+    return await connect_template(ctx, project, stand_in, template=f"{provider}-chat-completions")
 
 
 @pytest.fixture
-async def client(ctx: Context, gateway_url: str, project: Project, case: str) -> AsyncIterator[openai.AsyncOpenAI]:
-    base_url = gateway_base_url(ctx, gateway_url, case)
-    async with openai.AsyncOpenAI(base_url=base_url, api_key=project.token, max_retries=0, timeout=10) as client:
+async def client(gateway_url: str, project: Project, case: str) -> AsyncIterator[openai.AsyncOpenAI]:
+    _, through_gateway = CASES[case]
+    async with openai.AsyncOpenAI(
+        base_url=gateway_url + through_gateway, api_key=project.token, max_retries=0, timeout=10
+    ) as client:
         yield client
 
 
