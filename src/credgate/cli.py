@@ -42,6 +42,18 @@ from credgate.config import Settings
 from credgate.crypto import encode_master_key, new_master_key
 from credgate.error_responses import validation_message
 from credgate.errors import Conflict, InvalidInput, NotFound, ServiceError, StartupError
+from credgate.limits import (
+    ExpiresInSeconds,
+    GraceSeconds,
+    ListLimit,
+    RateLimitPerMinute,
+    StreamIdleTimeoutSeconds,
+    TimeoutSeconds,
+    UsageDays,
+    describe,
+    parse_float,
+    parse_int,
+)
 from credgate.server import server_config
 from credgate.services import admins, audit, integrations, master_keys, panel_sessions, projects, usage
 from credgate.services.bootstrap import open_context
@@ -96,6 +108,27 @@ def _read_secret(label: str) -> str:
     if not value:
         _fail(f"{label} was empty on standard input", 2)
     return value
+
+
+class Limited(click.ParamType):  # type: ignore[type-arg]  # generic in recent click only; >=8.1 is allowed
+    """A number within one of the domain's limits; otherwise a usage error (exit 2) naming the option."""
+
+    def __init__(self, kind: object, *, whole: bool) -> None:
+        self.kind = kind
+        self.whole = whole
+        self.name = "integer" if whole else "number"
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> int | float:
+        read = parse_int if self.whole else parse_float
+        try:
+            return read("value", self.kind, str(value))
+        except InvalidInput as error:
+            self.fail(error.problem, param, ctx)
+
+
+def _limited(kind: object, help_text: str, *, whole: bool = True) -> dict[str, Any]:
+    """The option arguments for a number within `kind`, its range in the help."""
+    return {"type": Limited(kind, whole=whole), "help": f"{help_text} ({describe(kind)})."}
 
 
 pass_settings = click.make_pass_decorator(Settings)
@@ -260,7 +293,7 @@ def projects_show(settings: Settings, project_id: str) -> None:
 @projects_group.command("update")
 @click.argument("project_id")
 @click.option("--name", help="A new name.")
-@click.option("--rate-limit", type=click.IntRange(1, 1_000_000), help="Requests per minute through the proxy.")
+@click.option("--rate-limit", **_limited(RateLimitPerMinute, "Requests per minute through the proxy"))
 @click.option("--no-rate-limit", is_flag=True, help="Turn the rate limit off.")
 @pass_settings
 def projects_update(
@@ -279,7 +312,7 @@ def projects_update(
 
 @projects_group.command("requests")
 @click.argument("project_id")
-@click.option("--limit", type=click.IntRange(1, 1000), default=50, show_default=True)
+@click.option("--limit", default=50, show_default=True, **_limited(ListLimit, "How many, newest first"))
 @pass_settings
 def projects_requests(settings: Settings, project_id: str, limit: int) -> None:
     """The project's recent proxied requests, newest first."""
@@ -290,7 +323,7 @@ def projects_requests(settings: Settings, project_id: str, limit: int) -> None:
 @projects_group.command("usage")
 @click.argument("project_id")
 @click.option("--group-by", type=click.Choice(["provider", "day"]))
-@click.option("--days", type=click.IntRange(1, 3650), default=30, show_default=True, help="How far back.")
+@click.option("--days", default=30, show_default=True, **_limited(UsageDays, "How far back, in days"))
 @pass_settings
 def projects_usage(settings: Settings, project_id: str, group_by: str | None, days: int) -> None:
     """Totals of requests, errors and tokens."""
@@ -316,8 +349,10 @@ def projects_delete(settings: Settings, project_id: str) -> None:
 
 @projects_group.command("rotate-token")
 @click.argument("project_id")
-@click.option("--grace-seconds", type=click.IntRange(0, 30 * 24 * 3600), default=0, show_default=True)
-@click.option("--expires-in-seconds", type=click.IntRange(1), default=None)
+@click.option(
+    "--grace-seconds", default=0, show_default=True, **_limited(GraceSeconds, "How long the previous token works")
+)
+@click.option("--expires-in-seconds", default=None, **_limited(ExpiresInSeconds, "The new token's lifetime"))
 @pass_settings
 def projects_rotate_token(
     settings: Settings, project_id: str, grace_seconds: int, expires_in_seconds: int | None
@@ -437,7 +472,13 @@ def integrations_add(
 @click.option("--base-url")
 @click.option("--auth", help="JSON auth method, as for `add`.")
 @click.option("--enable/--disable", default=None)
-@click.option("--timeout-seconds", type=click.FloatRange(0, 3600, min_open=True))
+@click.option(
+    "--timeout-seconds", **_limited(TimeoutSeconds, "How long to wait for the provider's response headers", whole=False)
+)
+@click.option(
+    "--stream-idle-timeout",
+    **_limited(StreamIdleTimeoutSeconds, "Cut off a started response silent for this many seconds", whole=False),
+)
 @click.option("--header", "headers", multiple=True, help="NAME=VALUE; replaces all default headers.")
 @click.option("--query", "query", multiple=True, help="NAME=VALUE; replaces all default query parameters.")
 @pass_settings
@@ -449,6 +490,7 @@ def integrations_update(
     auth: str | None,
     enable: bool | None,
     timeout_seconds: float | None,
+    stream_idle_timeout: float | None,
     headers: tuple[str, ...],
     query: tuple[str, ...],
 ) -> None:
@@ -458,6 +500,7 @@ def integrations_update(
         "auth": _parse_auth(auth),
         "enabled": enable,
         "timeout_seconds": timeout_seconds,
+        "stream_idle_timeout_seconds": stream_idle_timeout,
         "headers": _parse_pairs("--header", headers),
         "query": _parse_pairs("--query", query),
     }
@@ -557,7 +600,7 @@ async def _templates(ctx: Context) -> list[Template]:
 
 
 @main.command("audit")
-@click.option("--limit", type=click.IntRange(1, 1000), default=50, show_default=True)
+@click.option("--limit", default=50, show_default=True, **_limited(ListLimit, "How many, newest first"))
 @click.option("--project", "project_id", help="Only this project's events.")
 @pass_settings
 def audit_list(settings: Settings, limit: int, project_id: str | None) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 from starlette.responses import Response
 
@@ -23,6 +24,30 @@ ERROR_HEADER = "x-credgate-error"
 # Our field and parameter names are short lowercase snake case; no provider key has that shape.
 _NAME = re.compile(r"[a-z_][a-z0-9_]{0,31}")
 _REASONS = {400: "bad request", 401: "unauthorized", 404: "not found", 405: "method not allowed"}
+
+
+class ErrorDetailOut(BaseModel):
+    status: int
+    message: str
+
+
+class ErrorOut(BaseModel):
+    """The service-error envelope, as the OpenAPI document shows it."""
+
+    error: ErrorDetailOut
+
+
+# The service errors an admin API operation may answer, for its OpenAPI document (in place of FastAPI's own 422).
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorOut, "description": description}
+    for status, description in (
+        (401, "missing or invalid admin token"),
+        (404, "unknown resource"),
+        (409, "conflict with the current state"),
+        (422, "invalid input; the message names the field"),
+        (503, "storage unavailable"),
+    )
+}
 
 
 def error_body(status: int, message: str) -> bytes:

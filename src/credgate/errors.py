@@ -97,6 +97,7 @@ class InvalidInput(ServiceError):
 
     def __init__(self, field: str, problem: str) -> None:
         self.field = field
+        self.problem = problem
         super().__init__(f"{field}: {problem}")
 
 

@@ -50,8 +50,9 @@ def _check_credential_header(name: str) -> str:
 
 
 def _check_header_value(value: str) -> str:
-    if any(char in value for char in "\r\n\x00"):
-        raise ValueError("a header value may not hold line breaks or NUL")
+    # RFC 9110 field values: visible characters, spaces and tabs; no line break, NUL or other control.
+    if any((ord(char) < 0x20 and char != "\t") or ord(char) == 0x7F or 0xD800 <= ord(char) < 0xE000 for char in value):
+        raise ValueError("a header value may not hold line breaks, NUL or other control characters")
     return value
 
 
@@ -81,8 +82,8 @@ def check_base_url(url: str) -> str:
         raise ValueError("may not hold a query or fragment; use the integration's query parameters")
     if port == 0:
         raise ValueError("port 0 is not a valid port")
-    if any(char.isspace() for char in url):
-        raise ValueError("may not contain white space")
+    if any(char.isspace() or not char.isprintable() for char in url):
+        raise ValueError("may not contain white space or control characters")
     return url.rstrip("/")
 
 

@@ -15,7 +15,7 @@ CHAT, IMAGES = "openai-chat-completions", "openai-image-generations"
 OPENAI = "https://api.openai.com/v1"
 INTEGRATION_KEYS = {
     "provider", "base_url", "auth", "templates", "endpoints", "headers", "query",
-    "enabled", "timeout_seconds", "key", "created_at", "updated_at",
+    "enabled", "timeout_seconds", "stream_idle_timeout_seconds", "key", "created_at", "updated_at",
 }  # fmt: skip
 
 
@@ -70,6 +70,7 @@ async def test_template_integration(client: httpx.AsyncClient) -> None:
     expected = {
         "provider": "openai", "base_url": OPENAI, "auth": {"method": "bearer"}, "templates": [CHAT],
         "endpoints": [{"method": "POST", "path": "chat/completions"}], "enabled": True, "timeout_seconds": 600,
+        "stream_idle_timeout_seconds": 300,
     }  # fmt: skip
     assert {name: integration[name] for name in expected} == expected
     assert (integration["key"]["status"], integration["key"]["hint"]) == ("active", "…uvwx")
@@ -348,6 +349,8 @@ async def test_invalid_key_is_422(client: httpx.AsyncClient, body: dict[str, Any
         {"query": {"api-version": "2024-06-01"}},
         {"timeout_seconds": 30},
         {"timeout_seconds": 2.5},
+        {"stream_idle_timeout_seconds": 12.5},
+        {"stream_idle_timeout_seconds": 3600},
     ],
 )
 async def test_patch_changes_only_the_fields_given(client: httpx.AsyncClient, change: dict[str, Any]) -> None:
@@ -390,6 +393,9 @@ async def test_patch_enabled_back_on(client: httpx.AsyncClient) -> None:
         {"timeout_seconds": 0},
         {"timeout_seconds": -1},
         {"timeout_seconds": "fast"},
+        {"timeout_seconds": "30"},
+        {"stream_idle_timeout_seconds": 0},
+        {"stream_idle_timeout_seconds": 3601},
         {"provider": "renamed"},
     ],
 )

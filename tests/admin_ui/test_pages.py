@@ -58,13 +58,14 @@ async def test_settings_disable_the_integration_and_set_defaults(
         "csrf": csrf,
         "base_url": "https://api.openai.com/v1",
         "timeout_seconds": "30",
+        "stream_idle_timeout_seconds": "12.5",
         "headers": "OpenAI-Organization: org-1\n",
         "query": "api-version=2024-06-01\n",
     }
     response = await client.post(f"/admin/projects/{project_id}/integrations/openai", data=data)
     assert response.status_code == 303
     integration = await integrations.get_integration(ctx, project_id=project_id, provider="openai")
-    assert (integration.enabled, integration.timeout_seconds) == (False, 30.0)
+    assert (integration.enabled, integration.timeout_seconds, integration.stream_idle_timeout_seconds) == (False, 30, 12.5)
     assert (integration.headers, integration.query) == ({"OpenAI-Organization": "org-1"}, {"api-version": "2024-06-01"})
 
 
@@ -76,6 +77,7 @@ async def test_invalid_input_is_told_next_to_its_field_and_changes_nothing(
         "csrf": csrf,
         "base_url": "ftp://nope",
         "timeout_seconds": "-1",
+        "stream_idle_timeout_seconds": "300",
         "enabled": "on",
         "headers": "",
         "query": "",
@@ -85,7 +87,7 @@ async def test_invalid_input_is_told_next_to_its_field_and_changes_nothing(
     assert re.search(
         r'id="base_url"[^>]*>\s*<p class="field-error" role="alert">The base URL must start with', response.text
     )
-    assert "A number of seconds above 0" in response.text
+    assert "Must be a number above 0, at most 3600." in response.text
     integration = await integrations.get_integration(ctx, project_id=project_id, provider="openai")
     assert integration.base_url == "https://api.openai.com/v1"
 
@@ -114,7 +116,7 @@ async def test_a_wrong_key_is_refused_without_echoing_it(client: httpx.AsyncClie
         f"/admin/projects/{project_id}/integrations/openai/key", data={"csrf": csrf, "api_key": pasted, "mode": "edit"}
     )
     assert response.status_code == 422
-    assert "may not hold control characters" in response.text
+    assert "May not hold control characters" in response.text
     assert "newline-000000000000" not in response.text
 
 

@@ -37,6 +37,7 @@ def resolved(
         query=query or {},
         enabled=True,
         timeout_seconds=600.0,
+        stream_idle_timeout_seconds=300.0,
         credential=Secret(KEY),
     )
 

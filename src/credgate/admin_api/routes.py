@@ -1,7 +1,6 @@
 """Admin API routes: each authenticates the admin, calls one service, and answers an `…Out` schema."""
 
 from collections.abc import Callable, Coroutine
-from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Request, Response
@@ -28,7 +27,9 @@ from credgate.admin_api.schemas import (
     VerifiedIntegrationOut,
     actor_of,
 )
-from credgate.errors import InvalidInput, Unauthorized, Unavailable
+from credgate.error_responses import ERROR_RESPONSES
+from credgate.errors import Unauthorized, Unavailable
+from credgate.limits import ListLimit, Moment
 from credgate.services import admins, audit, integrations, projects, usage, verification
 from credgate.services.context import Context
 from credgate.services.verification import KeyVerifier
@@ -60,7 +61,7 @@ class AuthenticatedRoute(APIRoute):
         return authenticate_then_handle
 
 
-router = APIRouter(prefix="/api/v1", route_class=AuthenticatedRoute)
+router = APIRouter(prefix="/api/v1", route_class=AuthenticatedRoute, responses=ERROR_RESPONSES)
 
 
 def get_context(request: Request) -> Context:
@@ -240,7 +241,7 @@ async def revoke_provider_key(project_id: str, provider: str, ctx: ContextDep, a
 
 @router.get("/projects/{project_id}/requests")
 async def list_requests(
-    project_id: str, ctx: ContextDep, _actor: Actor, limit: Annotated[int, Query(ge=1, le=1000)] = 100
+    project_id: str, ctx: ContextDep, _actor: Actor, limit: Annotated[ListLimit, Query()] = 100
 ) -> ItemsOut[RequestRecordOut]:
     records = await usage.list_request_records(ctx, project_id=project_id, limit=limit)
     return ItemsOut(items=[RequestRecordOut.of(record) for record in records])
@@ -251,13 +252,10 @@ async def get_usage(
     project_id: str,
     ctx: ContextDep,
     _actor: Actor,
-    since: datetime | None = None,
-    until: datetime | None = None,
+    since: Moment | None = None,
+    until: Moment | None = None,
     group_by: Literal["provider", "day"] | None = None,
 ) -> UsageOut:
-    for name, value in (("since", since), ("until", until)):
-        if value is not None and value.tzinfo is None:
-            raise InvalidInput(name, "must be an RFC 3339 time with a zone offset")
     since, until, rows = await usage.summarize_usage(
         ctx, project_id=project_id, since=since, until=until, group_by=group_by
     )
@@ -268,7 +266,7 @@ async def get_usage(
 async def list_audit_events(
     ctx: ContextDep,
     _actor: Actor,
-    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    limit: Annotated[ListLimit, Query()] = 100,
     project_id: str | None = None,
 ) -> ItemsOut[AuditEventOut]:
     events = await audit.list_audit_events(ctx, limit=limit, project_id=project_id)

@@ -5,23 +5,52 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Annotated, Any, Generic, Literal, Self, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from credgate.catalog import Template
+from credgate.limits import (
+    MAX_ENDPOINTS,
+    MAX_KEY_LENGTH,
+    ExpiresInSeconds,
+    GraceSeconds,
+    Name,
+    RateLimitPerMinute,
+    StreamIdleTimeoutSeconds,
+    TemplateId,
+    TimeoutSeconds,
+)
 from credgate.services.projects import current_token
 from credgate.services.verification import Verification
 from credgate.specs import AuthSpec, BaseUrl, Endpoint, HeaderMap, ProviderName, QueryMap
 from credgate.storage import UsageRow
 from credgate.storage.models import AdminToken, AuditEvent, Integration, Project, ProjectToken, RequestRecord
 
-Name = Annotated[str, Field(min_length=1, max_length=200)]
-ApiKey = Annotated[SecretStr, Field(min_length=1, max_length=8192)]
-MAX_GRACE_SECONDS = 30 * 24 * 3600
+ApiKey = Annotated[SecretStr, Field(min_length=1, max_length=MAX_KEY_LENGTH)]
 T = TypeVar("T")
 
 
+def _has_unpaired_surrogate(value: object) -> bool:
+    if isinstance(value, str):
+        return any(0xD800 <= ord(char) < 0xE000 for char in value)
+    if isinstance(value, dict):
+        return any(_has_unpaired_surrogate(key) or _has_unpaired_surrogate(item) for key, item in value.items())
+    if isinstance(value, list):
+        return any(_has_unpaired_surrogate(item) for item in value)
+    return False
+
+
 class In(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """A request body. Strict: a number is a JSON number (never a string or a bool), and text is valid Unicode,
+    which JSON's `\\ud800` escapes need not be (no database could store it)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _valid_unicode(cls, value: object) -> object:
+        if _has_unpaired_surrogate(value):
+            raise ValueError("may not hold unpaired surrogates")
+        return value
 
 
 class ItemsOut(BaseModel, Generic[T]):
@@ -37,12 +66,12 @@ class ProjectIn(In):
 
 class ProjectPatchIn(In):
     name: Name | None = None
-    rate_limit_per_minute: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
+    rate_limit_per_minute: RateLimitPerMinute | None = None
 
 
 class TokenRotateIn(In):
-    grace_seconds: Annotated[int, Field(ge=0, le=MAX_GRACE_SECONDS)] = 0
-    expires_in_seconds: Annotated[int, Field(gt=0)] | None = None
+    grace_seconds: GraceSeconds = 0
+    expires_in_seconds: ExpiresInSeconds | None = None
 
 
 class TokenOut(BaseModel):
@@ -127,7 +156,7 @@ class IntegrationIn(In):
 
     provider: ProviderName
     verify: bool = False
-    template: Annotated[str, Field(min_length=1, max_length=100)] | None = None
+    template: TemplateId | None = None
     api_key: ApiKey | None = None
     base_url: BaseUrl | None = None
     auth: AuthSpec | None = None
@@ -139,11 +168,12 @@ class IntegrationPatchIn(In):
     enabled: bool | None = None
     headers: HeaderMap | None = None
     query: QueryMap | None = None
-    timeout_seconds: Annotated[float, Field(gt=0, le=3600)] | None = None
+    timeout_seconds: TimeoutSeconds | None = None
+    stream_idle_timeout_seconds: StreamIdleTimeoutSeconds | None = None
 
 
 class EndpointsIn(In):
-    endpoints: Annotated[list[Endpoint], Field(max_length=1000)]
+    endpoints: Annotated[list[Endpoint], Field(max_length=MAX_ENDPOINTS)]
 
 
 class KeyIn(In):
@@ -167,6 +197,7 @@ class IntegrationOut(BaseModel):
     query: dict[str, str]
     enabled: bool
     timeout_seconds: float
+    stream_idle_timeout_seconds: float
     key: KeyOut
     created_at: datetime
     updated_at: datetime
@@ -185,6 +216,7 @@ class IntegrationOut(BaseModel):
             query=dict(integration.query),
             enabled=integration.enabled,
             timeout_seconds=integration.timeout_seconds,
+            stream_idle_timeout_seconds=integration.stream_idle_timeout_seconds,
             key=KeyOut(
                 status="active" if active else "revoked",
                 hint=key.hint if key is not None and active else None,

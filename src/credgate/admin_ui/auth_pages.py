@@ -6,7 +6,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from credgate.admin_ui.base import field, form_of, panel_of, redirect, render, visit
+from credgate.admin_ui.base import field, field_error, form_of, panel_of, redirect, render, visit
 from credgate.admin_ui.security import (
     LOGIN_CSRF_COOKIE,
     check_origin,
@@ -85,7 +85,7 @@ async def setup(request: Request) -> Response:
                 panel_of(request).ctx, token=token, username=username, password=password
             )
         except InvalidInput as error:
-            errors[error.field] = error.message.split(": ", 1)[1]
+            errors |= field_error(error)
         except Unauthorized:
             return render(
                 request, "error.html", {"status": 404, "message": "This setup link is not valid."}, status=404

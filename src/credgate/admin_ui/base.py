@@ -12,6 +12,7 @@ from starlette.templating import Jinja2Templates
 
 from credgate.admin_ui.memory import PanelMemory
 from credgate.admin_ui.security import SignInThrottle, check_csrf, check_origin, session_cookie_name
+from credgate.errors import InvalidInput
 from credgate.services.context import Context
 from credgate.services.panel_sessions import SignedIn, resume_session
 
@@ -75,6 +76,11 @@ async def form_of(request: Request, current: Visit) -> FormData:
 def field(form: FormData, name: str) -> str:
     value = form.get(name)
     return value.strip() if isinstance(value, str) else ""
+
+
+def field_error(error: InvalidInput) -> dict[str, str]:
+    """The service's refusal as the page shows it, next to the field it names: "Must be a whole number …"."""
+    return {error.field: f"{error.problem[:1].upper()}{error.problem[1:]}."}
 
 
 def render(

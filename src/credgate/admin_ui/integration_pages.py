@@ -10,12 +10,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from credgate.admin_ui.base import Visit, field, form_of, redirect, render, visit
+from credgate.admin_ui.base import Visit, field, field_error, form_of, redirect, render, visit
 from credgate.admin_ui.memory import PendingSetup
 from credgate.catalog import Template
 from credgate.crypto import Secret
 from credgate.error_responses import validation_message
 from credgate.errors import Conflict, InvalidInput
+from credgate.limits import StreamIdleTimeoutSeconds, TimeoutSeconds, parse_float
 from credgate.services import integrations, projects
 from credgate.services.integrations import IntegrationChanges
 from credgate.services.provider_keys import key_hint
@@ -26,10 +27,6 @@ _headers: TypeAdapter[dict[str, str]] = TypeAdapter(HeaderMap)
 _query: TypeAdapter[dict[str, str]] = TypeAdapter(QueryMap)
 _endpoints: TypeAdapter[list[Endpoint]] = TypeAdapter(list[Endpoint])
 _NEW_ENDPOINT_ROWS = 3
-
-
-def _problem(error: InvalidInput) -> str:
-    return error.message.split(": ", 1)[1]
 
 
 def _catalog(current: Visit) -> dict[str, list[Template]]:
@@ -220,7 +217,7 @@ async def custom_submit(request: Request) -> Response:
                 actor=current.actor,
             )
         except InvalidInput as error:
-            errors[error.field] = _problem(error)
+            errors |= field_error(error)
         except Conflict:
             errors["provider"] = "This project has an integration of that name already."
     if errors:
@@ -300,23 +297,25 @@ async def settings_submit(request: Request) -> Response:
         changes["base_url"] = check_base_url(field(form, "base_url"))
     except ValueError as error:
         errors["base_url"] = f"The base URL {error}."
-    try:
-        timeout = float(field(form, "timeout_seconds"))
-        if not 0 < timeout <= 3600:
-            raise ValueError
-        changes["timeout_seconds"] = timeout
-    except ValueError:
-        errors["timeout_seconds"] = "A number of seconds above 0, at most 3600."
+    for name, kind in (("timeout_seconds", TimeoutSeconds), ("stream_idle_timeout_seconds", StreamIdleTimeoutSeconds)):
+        try:
+            changes[name] = parse_float(name, kind, field(form, name))
+        except InvalidInput as error:
+            errors |= field_error(error)
+    project_id, provider = request.path_params["project_id"], request.path_params["provider"]
+    if not errors:
+        try:
+            await integrations.update_integration(
+                current.ctx,
+                project_id=project_id,
+                provider=provider,
+                changes=IntegrationChanges(**changes),
+                actor=current.actor,
+            )
+        except InvalidInput as error:
+            errors |= field_error(error)
     if errors:
         return await _integration_page(request, current, "integration.html", {"errors": errors}, status=422)
-    project_id, provider = request.path_params["project_id"], request.path_params["provider"]
-    await integrations.update_integration(
-        current.ctx,
-        project_id=project_id,
-        provider=provider,
-        changes=IntegrationChanges(**changes),
-        actor=current.actor,
-    )
     current.panel.memory.flash(current.user.session_id, f"Settings of {provider} saved.")
     return redirect(f"/admin/projects/{project_id}/integrations/{provider}")
 
@@ -341,7 +340,7 @@ async def key_submit(request: Request) -> Response:
             actor=current.actor,
         )
     except InvalidInput as error:
-        extra = {"mode": mode, "errors": {"api_key": _problem(error)}}
+        extra = {"mode": mode, "errors": field_error(error)}
         return await _integration_page(request, current, "key.html", extra, status=422)
     done = "rotated: requests from now on use the new key" if mode == "rotate" else "saved"
     current.panel.memory.flash(current.user.session_id, f"Key of {provider} {done}.")

@@ -2,26 +2,25 @@
 
 from datetime import timedelta
 
+from starlette.datastructures import FormData
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from credgate.admin_ui.base import field, form_of, redirect, render, visit
+from credgate.admin_ui.base import field, field_error, form_of, redirect, render, visit
 from credgate.admin_ui.charts import HEIGHT, WIDTH, bars
 from credgate.errors import InvalidInput
+from credgate.limits import ExpiresInDays, GraceSeconds, RateLimitPerMinute, parse_int
 from credgate.services import audit, integrations, projects, usage
 from credgate.services.projects import current_token
 
-_MAX_GRACE_SECONDS = 30 * 24 * 3600
 _CHART_DAYS = 14
 
 
-def _whole_number(text: str, name: str, *, low: int, high: int) -> int | None:
-    if not text:
-        return None
-    if not text.isdigit() or not low <= int(text) <= high:
-        raise InvalidInput(name, f"must be a whole number from {low} to {high}")
-    return int(text)
+def _whole_number(form: FormData, name: str, kind: object) -> int | None:
+    """The form field as a whole number within `kind`; None when left empty."""
+    text = field(form, name)
+    return parse_int(name, kind, text) if text else None
 
 
 async def list_projects(request: Request) -> Response:
@@ -34,12 +33,12 @@ async def list_projects(request: Request) -> Response:
 async def create_project(request: Request) -> Response:
     current = await visit(request)
     name = field(await form_of(request, current), "name")
-    if not name or len(name) > 200:
-        found = await projects.list_projects(current.ctx)
-        rows = [(project, current_token(project)) for project in found]
-        errors = {"name": "Give the project a name (at most 200 characters)."}
-        return render(request, "projects.html", {"rows": rows, "errors": errors}, current=current, status=422)
-    project, secret = await projects.create_project(current.ctx, name=name, actor=current.actor)
+    try:
+        project, secret = await projects.create_project(current.ctx, name=name, actor=current.actor)
+    except InvalidInput as error:
+        rows = [(each, current_token(each)) for each in await projects.list_projects(current.ctx)]
+        context = {"rows": rows, "errors": field_error(error)}
+        return render(request, "projects.html", context, current=current, status=422)
     current.panel.memory.flash(current.user.session_id, f"Project {name} created.", secret=secret)
     return redirect(f"/admin/projects/{project.id}")
 
@@ -58,14 +57,11 @@ async def update_project(request: Request) -> Response:
     form = await form_of(request, current)
     project_id = request.path_params["project_id"]
     try:
-        limit = _whole_number(field(form, "rate_limit_per_minute"), "rate_limit_per_minute", low=1, high=1_000_000)
-        name = field(form, "name")
-        if not name or len(name) > 200:
-            raise InvalidInput("name", "give the project a name (at most 200 characters)")
+        limit = _whole_number(form, "rate_limit_per_minute", RateLimitPerMinute)
+        changes = projects.ProjectChanges(name=field(form, "name"), rate_limit_per_minute=limit)
+        await projects.update_project(current.ctx, project_id=project_id, changes=changes, actor=current.actor)
     except InvalidInput as error:
-        return await show_project(request, errors={error.field: error.message.split(": ", 1)[1]}, status=422)
-    changes = projects.ProjectChanges(name=name, rate_limit_per_minute=limit)
-    await projects.update_project(current.ctx, project_id=project_id, changes=changes, actor=current.actor)
+        return await show_project(request, errors=field_error(error), status=422)
     current.panel.memory.flash(current.user.session_id, "Project settings saved.")
     return redirect(f"/admin/projects/{project_id}")
 
@@ -75,17 +71,17 @@ async def rotate_token(request: Request) -> Response:
     form = await form_of(request, current)
     project_id = request.path_params["project_id"]
     try:
-        grace = _whole_number(field(form, "grace_seconds"), "grace_seconds", low=0, high=_MAX_GRACE_SECONDS) or 0
-        expires = _whole_number(field(form, "expires_in_days"), "expires_in_days", low=1, high=3650)
+        grace = _whole_number(form, "grace_seconds", GraceSeconds) or 0
+        expires = _whole_number(form, "expires_in_days", ExpiresInDays)
+        _, secret = await projects.rotate_project_token(
+            current.ctx,
+            project_id=project_id,
+            grace_seconds=grace,
+            expires_in_seconds=None if expires is None else int(timedelta(days=expires).total_seconds()),
+            actor=current.actor,
+        )
     except InvalidInput as error:
-        return await show_project(request, errors={error.field: error.message.split(": ", 1)[1]}, status=422)
-    _, secret = await projects.rotate_project_token(
-        current.ctx,
-        project_id=project_id,
-        grace_seconds=grace,
-        expires_in_seconds=None if expires is None else int(timedelta(days=expires).total_seconds()),
-        actor=current.actor,
-    )
+        return await show_project(request, errors=field_error(error), status=422)
     note = f"the previous token keeps working for {grace} seconds" if grace else "the previous token stopped working"
     current.panel.memory.flash(current.user.session_id, f"New project token issued; {note}.", secret=secret)
     return redirect(f"/admin/projects/{project_id}")

@@ -35,6 +35,7 @@ class ResolvedIntegration:
     query: dict[str, str]
     enabled: bool
     timeout_seconds: float
+    stream_idle_timeout_seconds: float  # a started response that sends nothing this long is cut off
     credential: Secret | None
 
 
@@ -60,6 +61,7 @@ def resolved_integration(ctx: Context, integration: Integration) -> ResolvedInte
         query=dict(integration.query),
         enabled=integration.enabled,
         timeout_seconds=integration.timeout_seconds,
+        stream_idle_timeout_seconds=integration.stream_idle_timeout_seconds,
         credential=open_provider_key(ctx.keyring, integration),
     )
 

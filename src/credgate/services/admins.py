@@ -6,6 +6,7 @@ from argon2 import PasswordHasher
 
 from credgate.crypto import generate_token, hash_token
 from credgate.errors import Conflict, InvalidInput, Unauthorized
+from credgate.limits import Name, Password, within
 from credgate.services.context import Context, new_id
 from credgate.storage.models import AdminToken, AdminUser
 
@@ -16,6 +17,7 @@ _password_hasher = PasswordHasher()
 
 async def create_admin_token(ctx: Context, *, name: str, actor: str) -> str:
     """Issue an admin token; its value is returned only here."""
+    name = within("name", Name, name)
     secret = generate_token(ADMIN_TOKEN_PREFIX)
     token = AdminToken(
         id=new_id("adm"), name=name, token_hash=hash_token(secret), prefix=secret[:8], created_at=ctx.clock()
@@ -44,11 +46,10 @@ async def authenticate_admin(ctx: Context, *, token: str | None) -> AdminToken:
 
 def new_admin_user(ctx: Context, *, username: str, password: str) -> AdminUser:
     """A validated user row with its password hashed (argon2id); not stored yet."""
-    username = username.strip()
-    if not username or len(username) > 200 or any(char.isspace() for char in username):
-        raise InvalidInput("username", "must be 1 to 200 characters without white space")
-    if len(password) < 12:
-        raise InvalidInput("password", "must be at least 12 characters")
+    username = within("username", Name, username.strip())
+    if any(char.isspace() for char in username):
+        raise InvalidInput("username", "may not hold white space")
+    within("password", Password, password)
     return AdminUser(
         id=new_id("usr"), username=username, password_hash=_password_hasher.hash(password), created_at=ctx.clock()
     )

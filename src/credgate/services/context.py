@@ -12,6 +12,7 @@ from credgate.storage import Database, Repository
 from credgate.storage.models import AuditEvent
 
 CHANGE_MARKER = "change_marker"
+_MAX_ID_LENGTH = 32  # the id columns' width
 
 
 def utcnow() -> datetime:
@@ -20,6 +21,12 @@ def utcnow() -> datetime:
 
 def new_id(prefix: str) -> str:
     return f"{prefix}_{secrets.token_hex(8)}"
+
+
+def plausible_id(text: str) -> bool:
+    """Whether `text` could be an id `new_id` made; what could not is looked up nowhere (a NUL or an unpaired
+    surrogate from a URL would make PostgreSQL fail the query rather than find nothing)."""
+    return len(text) <= _MAX_ID_LENGTH and text.isascii() and text.isprintable()
 
 
 class AccessCache:

@@ -4,6 +4,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from credgate.errors import Conflict, InvalidInput, NotFound
+from credgate.limits import MAX_ENDPOINTS, StreamIdleTimeoutSeconds, TimeoutSeconds, within
 from credgate.netguard import UpstreamRefused, check_upstream_url
 from credgate.services.context import Context, new_id
 from credgate.services.projects import require_project
@@ -13,12 +14,21 @@ from credgate.services.provider_keys import (
     open_provider_key,
     seal_provider_key,
 )
-from credgate.specs import AuthSpec, BearerAuth, Endpoint
+from credgate.specs import PROVIDER_NAME, AuthSpec, BaseUrl, BearerAuth, Endpoint, HeaderMap, ProviderName, QueryMap
 from credgate.storage import Repository
 from credgate.storage.models import Integration
 
 DEFAULT_TIMEOUT_SECONDS = 600.0
-MAX_ENDPOINTS = 1000
+DEFAULT_STREAM_IDLE_TIMEOUT_SECONDS = 300.0
+# What each setting of IntegrationChanges must be; `auth` arrives as a validated AuthSpec.
+_SETTINGS: dict[str, object] = {
+    "base_url": BaseUrl,
+    "enabled": bool,
+    "headers": HeaderMap,
+    "query": QueryMap,
+    "timeout_seconds": TimeoutSeconds,
+    "stream_idle_timeout_seconds": StreamIdleTimeoutSeconds,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +41,7 @@ class IntegrationChanges:
     headers: dict[str, str] | None = None
     query: dict[str, str] | None = None
     timeout_seconds: float | None = None
+    stream_idle_timeout_seconds: float | None = None
 
 
 async def _check_upstream(ctx: Context, base_url: str | None, auth: AuthSpec | None = None) -> None:
@@ -46,7 +57,7 @@ async def _check_upstream(ctx: Context, base_url: str | None, auth: AuthSpec | N
 
 async def require_integration(repo: Repository, project_id: str, provider: str) -> Integration:
     await require_project(repo, project_id)
-    integration = await repo.get_integration(project_id, provider)
+    integration = await repo.get_integration(project_id, provider) if PROVIDER_NAME.fullmatch(provider) else None
     if integration is None:
         raise NotFound(f"project {project_id} has no integration {provider}")
     return integration
@@ -77,9 +88,12 @@ async def add_template_integration(
 
     Returns the integration and whether it was created. The key is asked only at the first setup.
     """
+    within("provider", ProviderName, provider)
     template = ctx.templates.get(template_id)
     if template is None:
-        raise InvalidInput("template", f"unknown template {template_id}")
+        raise InvalidInput("template", "no such template; GET /api/v1/templates lists them")
+    if base_url is not None:
+        base_url = within("base_url", BaseUrl, base_url)
     await _check_upstream(ctx, base_url or template.base_url)
     async with ctx.change(actor=actor, action="integration.create", project_id=project_id, provider=provider) as repo:
         await require_project(repo, project_id)
@@ -129,6 +143,8 @@ async def add_custom_integration(
     auth: AuthSpec | None = None,
 ) -> Integration:
     """Set a provider up by hand; it allows no endpoint until they are configured."""
+    within("provider", ProviderName, provider)
+    base_url = within("base_url", BaseUrl, base_url)
     auth = auth or BearerAuth()
     await _check_upstream(ctx, base_url, auth)
     async with ctx.change(actor=actor, action="integration.create", project_id=project_id, provider=provider) as repo:
@@ -176,6 +192,7 @@ def _new_integration(
         query=query,
         enabled=True,
         timeout_seconds=DEFAULT_TIMEOUT_SECONDS,
+        stream_idle_timeout_seconds=DEFAULT_STREAM_IDLE_TIMEOUT_SECONDS,
         created_at=now,
         updated_at=now,
     )
@@ -229,7 +246,12 @@ async def get_integration(ctx: Context, *, project_id: str, provider: str) -> In
 async def update_integration(
     ctx: Context, *, project_id: str, provider: str, changes: IntegrationChanges, actor: str
 ) -> Integration:
-    await _check_upstream(ctx, changes.base_url, changes.auth)
+    settings = {
+        name: within(name, kind, getattr(changes, name))
+        for name, kind in _SETTINGS.items()
+        if getattr(changes, name) is not None
+    }
+    await _check_upstream(ctx, settings.get("base_url"), changes.auth)
     async with ctx.change(actor=actor, action="integration.update", project_id=project_id, provider=provider) as repo:
         integration = await require_integration(repo, project_id, provider)
         if changes.auth is not None:
@@ -238,10 +260,8 @@ async def update_integration(
                 if current is not None and ":" not in current.reveal():
                     raise InvalidInput("auth", "basic auth needs the stored key as user:password; set the key first")
             integration.auth = changes.auth.model_dump()
-        for name in ("base_url", "enabled", "headers", "query", "timeout_seconds"):
-            value = getattr(changes, name)
-            if value is not None:
-                setattr(integration, name, value)
+        for name, value in settings.items():
+            setattr(integration, name, value)
         integration.updated_at = ctx.clock()
     return integration
 

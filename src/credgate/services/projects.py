@@ -7,7 +7,8 @@ from types import EllipsisType
 
 from credgate.crypto import generate_token, hash_token
 from credgate.errors import NotFound
-from credgate.services.context import Context, new_id
+from credgate.limits import ExpiresInSeconds, GraceSeconds, Name, RateLimitPerMinute, within
+from credgate.services.context import Context, new_id, plausible_id
 from credgate.storage import Repository
 from credgate.storage.models import Project, ProjectToken
 
@@ -16,7 +17,7 @@ _DISPLAYED_TOKEN_CHARS = 8  # the prefix plus four random characters: enough to 
 
 
 async def require_project(repo: Repository, project_id: str) -> Project:
-    project = await repo.get_project(project_id)
+    project = await repo.get_project(project_id) if plausible_id(project_id) else None
     if project is None:
         raise NotFound(f"project {project_id} not found")
     return project
@@ -44,6 +45,7 @@ def current_token(project: Project) -> ProjectToken | None:
 
 async def create_project(ctx: Context, *, name: str, actor: str) -> tuple[Project, str]:
     """Create a project and its first token; the token's value is returned only here."""
+    name = within("name", Name, name)
     now = ctx.clock()
     project = Project(id=new_id("prj"), name=name, created_at=now, updated_at=now, tokens=[], integrations=[])
     async with ctx.change(actor=actor, action="project.create", project_id=project.id) as repo:
@@ -71,6 +73,10 @@ class ProjectChanges:
 
 
 async def update_project(ctx: Context, *, project_id: str, changes: ProjectChanges, actor: str) -> Project:
+    if changes.name is not None:
+        within("name", Name, changes.name)
+    if changes.rate_limit_per_minute is not None and not isinstance(changes.rate_limit_per_minute, EllipsisType):
+        within("rate_limit_per_minute", RateLimitPerMinute, changes.rate_limit_per_minute)
     async with ctx.change(actor=actor, action="project.update", project_id=project_id) as repo:
         project = await require_project(repo, project_id)
         if changes.name is not None:
@@ -91,6 +97,9 @@ async def rotate_project_token(
     ctx: Context, *, project_id: str, actor: str, grace_seconds: int = 0, expires_in_seconds: int | None = None
 ) -> tuple[Project, str]:
     """Issue a new token; earlier ones keep working for `grace_seconds` at most, then stop."""
+    within("grace_seconds", GraceSeconds, grace_seconds)
+    if expires_in_seconds is not None:
+        within("expires_in_seconds", ExpiresInSeconds, expires_in_seconds)
     async with ctx.change(actor=actor, action="project_token.rotate", project_id=project_id) as repo:
         project = await require_project(repo, project_id)
         now = ctx.clock()

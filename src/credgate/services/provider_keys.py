@@ -4,10 +4,10 @@ from datetime import datetime
 
 from credgate.crypto import KeyRing, Secret, secret_binding
 from credgate.errors import InvalidInput
+from credgate.limits import MAX_KEY_LENGTH
 from credgate.storage.models import Integration, ProviderKey
 
 API_KEY_PURPOSE = "api_key"
-MAX_KEY_LENGTH = 8192
 _HINT_MIN_LENGTH = 12  # below this, four characters would give away too much of the key
 
 
@@ -18,8 +18,8 @@ def clean_api_key(api_key: str, *, auth_method: str) -> str:
         raise InvalidInput("api_key", "must not be empty")
     if len(api_key) > MAX_KEY_LENGTH:
         raise InvalidInput("api_key", f"must be at most {MAX_KEY_LENGTH} characters")
-    if any(ord(char) < 0x20 or ord(char) == 0x7F for char in api_key):
-        raise InvalidInput("api_key", "may not hold control characters or line breaks")
+    if any(ord(char) < 0x20 or ord(char) == 0x7F or 0xD800 <= ord(char) < 0xE000 for char in api_key):
+        raise InvalidInput("api_key", "may not hold control characters, line breaks or unpaired surrogates")
     if auth_method == "basic" and ":" not in api_key:
         raise InvalidInput("api_key", "basic auth needs the key as user:password")
     return api_key

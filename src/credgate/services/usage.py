@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from credgate.errors import InvalidInput
+from credgate.limits import ListLimit, Moment, within
 from credgate.services.context import Context
 from credgate.services.projects import require_project
 from credgate.storage import UsageRow
@@ -207,6 +208,7 @@ class UsageRecorder:
 
 
 async def list_request_records(ctx: Context, *, project_id: str, limit: int = 100) -> Sequence[RequestRecord]:
+    within("limit", ListLimit, limit)
     async with ctx.database.transaction(write=False) as repo:
         await require_project(repo, project_id)
         return await repo.list_request_records(project_id, limit=limit)
@@ -216,6 +218,9 @@ async def summarize_usage(
     ctx: Context, *, project_id: str, since: datetime | None, until: datetime | None, group_by: str | None
 ) -> tuple[datetime, datetime, Sequence[UsageRow]]:
     """Totals of requests, errors and tokens; by default over the last 30 days."""
+    for name, moment in (("since", since), ("until", until)):
+        if moment is not None:
+            within(name, Moment, moment)
     until = until or ctx.clock()
     since = since or until - timedelta(days=30)
     if since >= until:

@@ -13,6 +13,7 @@ from sqlalchemy import (
     String,
     TypeDecorator,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
@@ -111,6 +112,8 @@ class Integration(Base):
     query: Mapped[dict[str, Any]]
     enabled: Mapped[bool]
     timeout_seconds: Mapped[float]
+    # How long a started response may send nothing before it is cut off; rows older than the setting got 300.
+    stream_idle_timeout_seconds: Mapped[float] = mapped_column(server_default=text("300"))
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
 
