@@ -47,6 +47,7 @@ from harness import (
     gateway_env,
     pin_this_process,
     pinned,
+    rss_mb,
     store_section,
 )
 from soak_client import ENDPOINTS, JSON, SSE, STREAMED_429
@@ -60,6 +61,7 @@ except ImportError:  # pragma: no cover - uvloop is a dependency except on Windo
     uvloop = None  # type: ignore[assignment]
 
 SETTLE_SECONDS = 5.0
+RSS_TRACE_SECONDS = 20.0
 # aiohttp closes an idle upstream connection once it has been idle 15 s (its default keep-alive), at a sweep it
 # runs every 15 s: so 15 to 30 s after its last use, and one second more for the sweep's rounding.
 POOL_DRAINED_SECONDS = 2 * 15.0 + 1
@@ -81,7 +83,7 @@ class Plan:
 QUICK = Plan(disconnects=40, requests=1000, storm=40, after_storm=100, warmup=200, idle_seconds=1.0)
 
 
-async def soak(plan: Plan, work: Path) -> tuple[list[Row], list[Tally], list[Check]]:
+async def soak(plan: Plan, work: Path) -> "Phases":
     upstream_port, control_port, gateway_port = free_port(), free_port(), free_port()
     env = gateway_env(work / "data")
     # One CLI start-up (it also creates the database and the master key, before the gateway opens them); the
@@ -110,7 +112,7 @@ async def soak(plan: Plan, work: Path) -> tuple[list[Row], list[Tally], list[Che
         await phases.disconnects(baseline)
         await phases.error_storm(baseline)
         await phases.mixed_load(baseline, work / "gateway.log")
-        return phases.rows, phases.tallies, phases.checks
+        return phases
     finally:
         for process in (gateway, upstream):
             process.terminate()
@@ -131,6 +133,7 @@ class Phases:
         self.rows: list[Row] = []
         self.tallies: list[Tally] = []
         self.checks: list[Check] = []
+        self.notes: list[str] = []
 
     async def run(self, label: str, count: int, pick: Pick) -> Tally:
         tally = await self.load.run(label, count, pick)
@@ -186,11 +189,26 @@ class Phases:
         self.checks.append(Check("LS-06", text, peak <= plan.concurrency, f"peak {peak}"))
         await self.settled(baseline, "LS-06", "LS-06 after the storm", 5.0)
 
+    async def trace_rss(self, trace: list[float]) -> None:
+        while True:
+            await asyncio.sleep(RSS_TRACE_SECONDS)
+            trace.append(rss_mb(self.observer.gateway.pid))
+
     async def mixed_load(self, baseline: Sample, log: Path) -> None:
         """LS-05, bounded."""
         plan = self.plan
         await self.observer.upstream("reset")
-        mixed = await self.run(f"LS-05 {plan.requests:,} mixed requests", plan.requests, lambda i: MIX[i % len(MIX)])
+        trace: list[float] = []
+        tracer = asyncio.create_task(self.trace_rss(trace))
+        try:
+            mixed = await self.run(
+                f"LS-05 {plan.requests:,} mixed requests", plan.requests, lambda i: MIX[i % len(MIX)]
+            )
+        finally:
+            tracer.cancel()
+        if trace:
+            values = ", ".join(f"{value:.1f}" for value in trace)
+            self.notes.append(f"LS-05 RSS every {RSS_TRACE_SECONDS:g} s under load (MiB): {values}")
         self.checks.append(mixed.check("LS-05", "every answer as expected (relayed upstream errors included)"))
         await self.departures_judged("LS-05", mixed)
         await self.settled(baseline, "LS-05", f"LS-05 after {plan.requests:,} requests", 50.0)
@@ -250,7 +268,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="credgate-soak-"))
     started = time.monotonic()
 
-    async def bounded() -> tuple[list[Row], list[Tally], list[Check]]:
+    async def bounded() -> Phases:
         # A signal cancels the run, so that the gateway and the upstream are stopped on the way out.
         task = asyncio.current_task()
         if task is not None:
@@ -260,7 +278,7 @@ def main() -> None:
             return await soak(plan, work)
 
     try:
-        rows, tallies, checks = (uvloop.run if uvloop else asyncio.run)(bounded())
+        phases = (uvloop.run if uvloop else asyncio.run)(bounded())
     except (asyncio.CancelledError, TimeoutError) as stopped:
         reason = "interrupted" if isinstance(stopped, asyncio.CancelledError) else "over the time limit"
         sys.exit(f"soak {reason}; the gateway's log is in {work}")
@@ -269,15 +287,15 @@ def main() -> None:
         command=f".venv/bin/python {command}",
         setting=f"{credgate_revision()}, {CORES} cores: gateway on core {GATEWAY_CORE}, stand-in upstream and "
         f"client on core {LOAD_CORE}; {plan.concurrency} concurrent clients",
-        rows=rows,
-        phases=[f"{tally.label}: {tally.summary()}" for tally in tallies],
-        checks=checks,
+        rows=phases.rows,
+        phases=[f"{tally.label}: {tally.summary()}" for tally in phases.tallies] + phases.notes,
+        checks=phases.checks,
         seconds=time.monotonic() - started,
     )
     print(report)
     if options.write:
         store_section(report)
-    if all(check.passed for check in checks):
+    if all(check.passed for check in phases.checks):
         shutil.rmtree(work, ignore_errors=True)
     else:
         print(f"some criteria failed; the gateway's log is in {work}", file=sys.stderr)
