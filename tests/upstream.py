@@ -2,12 +2,16 @@
 port that records exactly what it received and answers like OpenAI or Anthropic, or misbehaves on purpose."""
 
 import asyncio
+import contextlib
 import gzip
+import hashlib
 import json
 import time
-from collections.abc import AsyncIterator
+import zlib
+from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 from aiohttp import web
 
@@ -277,4 +281,332 @@ async def run_raw_upstream(script: list[bytes | float], *, reset: bool = False) 
         yield state
     finally:
         server.close()
+        await server.wait_closed()
+
+
+# The reliability catalogue's upstream modes (FT and LS groups).
+
+
+@dataclass
+class WatchedUpstream:
+    """A misbehaving provider at the byte level that also watches the gateway's side of each connection: it
+    reads a request head, plays its script (bytes to write, or a float to pause for; an endless iterator
+    drips forever), then holds the connection open. `hang_ups` gets the moment the gateway closed each
+    connection: the observation point for "the upstream connection is released"."""
+
+    url: str = ""
+    asked: list[float] = field(default_factory=list)  # when each request head arrived (time.monotonic)
+    hang_ups: list[float] = field(default_factory=list)
+    written: int = 0
+
+    @property
+    def open_connections(self) -> int:
+        return len(self.asked) - len(self.hang_ups)
+
+
+@asynccontextmanager
+async def run_watched_upstream(script: Iterable[bytes | float]) -> AsyncIterator[WatchedUpstream]:
+    state = WatchedUpstream()
+    writers: set[asyncio.StreamWriter] = set()
+
+    async def perform(writer: asyncio.StreamWriter) -> None:
+        for step in script:
+            if isinstance(step, bytes):
+                writer.write(step)
+                await writer.drain()
+                state.written += len(step)
+            else:
+                await asyncio.sleep(step)
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writers.add(writer)
+        try:
+            await reader.readuntil(b"\r\n\r\n")
+        except (ConnectionError, asyncio.IncompleteReadError):
+            writer.close()
+            return
+        state.asked.append(time.monotonic())
+        performing = asyncio.create_task(perform(writer))
+        try:
+            while await reader.read(65536):  # a body, then b"" once the gateway hangs up
+                pass
+        except ConnectionError:
+            pass
+        state.hang_ups.append(time.monotonic())
+        performing.cancel()
+        with contextlib.suppress(asyncio.CancelledError, ConnectionError):
+            await performing
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    state.url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    try:
+        yield state
+    finally:
+        server.close()
+        for writer in writers:
+            writer.transport.abort()
+        await server.wait_closed()
+
+
+def varied_event(stream: int, index: int, sent_at: float) -> bytes:
+    """One event of `/sse-varied`: 10 B to 8 KiB of data, `\\n` or `\\r\\n` line endings, comments between."""
+    size = 10 + (stream * 7919 + index * 104729) % (8 * 1024 - 10)
+    eol = b"\r\n" if (stream + index) % 2 else b"\n"
+    comment = b": keep-alive" + eol if index % 3 == 0 else b""
+    data = (b"%d-%d-" % (stream, index)) * (size // 8 + 1)
+    return comment + b"id: %d" % index + eol + b"data: at=%.6f " % sent_at + data[:size] + eol + eol
+
+
+@dataclass
+class CatalogueUpstream:
+    """State of `run_catalogue_upstream`: what it sent and how many requests it held at once."""
+
+    url: str = ""
+    sent: dict[str, str] = field(default_factory=dict)  # `/sse-varied` stream id → SHA-256 of its bytes
+    flooded: int = 0  # bytes `/flood` managed to write
+    active: int = 0
+    peak_active: int = 0
+    requests: int = 0
+    delay: float = 0.0  # `/slow`'s pause while set (seconds)
+
+
+ERROR_BODIES: dict[int, object] = {
+    429: QUOTA_ERROR,
+    500: {"error": {"message": "The server had an error", "type": "server_error", "param": None, "code": None}},
+}
+
+
+def error_body(status: int) -> bytes:
+    default = {"error": {"message": f"upstream says {status}", "type": "invalid_request_error", "code": status}}
+    return json.dumps(ERROR_BODIES.get(status, default)).encode()
+
+
+def error_headers(status: int) -> dict[str, str]:
+    headers = {"x-request-id": f"req_{status}", "x-ratelimit-limit-requests": "60", "openai-processing-ms": "12"}
+    if status in (429, 503):
+        headers["retry-after"] = "20"
+    return headers
+
+
+def build_catalogue_app(state: CatalogueUpstream) -> web.Application:
+    @web.middleware
+    async def count(request: web.Request, handler: Any) -> web.StreamResponse:
+        state.requests += 1
+        state.active += 1
+        state.peak_active = max(state.peak_active, state.active)
+        try:
+            response: web.StreamResponse = await handler(request)
+            return response
+        finally:
+            state.active -= 1
+
+    async def status(request: web.Request) -> web.StreamResponse:
+        """A provider's error (`/status/429`), with its headers; `?chunked=1` frames it without a length."""
+        await request.read()
+        code = int(request.match_info["code"])
+        if request.query.get("chunked") != "1":
+            return web.Response(
+                status=code, body=error_body(code), headers=error_headers(code), content_type="application/json"
+            )
+        response = web.StreamResponse(status=code, headers=error_headers(code))
+        response.content_type = "application/json"
+        await response.prepare(request)
+        body = error_body(code)
+        await response.write(body[:10])
+        await response.write(body[10:])
+        await response.write_eof()
+        return response
+
+    async def gzipped(request: web.Request) -> web.StreamResponse:
+        """`/gzip/<status>`: a gzip-encoded JSON body; `?sse=1`: a gzip-encoded event stream, flushed per event."""
+        code = int(request.match_info["code"])
+        if request.query.get("sse") != "1":
+            return web.Response(
+                status=code,
+                body=gzip.compress(error_body(code) if code >= 400 else b'{"compressed": true}'),
+                headers={"Content-Encoding": "gzip", "Content-Type": "application/json"},
+            )
+        response = web.StreamResponse(
+            status=code, headers={"Content-Encoding": "gzip", "Content-Type": "text/event-stream"}
+        )
+        await response.prepare(request)
+        compressor = zlib.compressobj(wbits=31)  # gzip framing
+        for event in GZIP_EVENTS:
+            await response.write(compressor.compress(event) + compressor.flush(zlib.Z_SYNC_FLUSH))
+            await asyncio.sleep(0.01)
+        await response.write(compressor.flush())
+        await response.write_eof()
+        return response
+
+    async def sse_varied(request: web.Request) -> web.StreamResponse:
+        stream = int(request.query["id"])
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        digest = hashlib.sha256()
+        for index in range(int(request.query.get("n", "20"))):
+            event = varied_event(stream, index, time.monotonic())
+            digest.update(event)
+            await response.write(event)
+            await asyncio.sleep(float(request.query.get("delay", "0.05")))
+        state.sent[str(stream)] = digest.hexdigest()
+        await response.write_eof()
+        return response
+
+    async def flood(request: web.Request) -> web.StreamResponse:
+        """`/flood?mib=N`: N MiB as fast as the reader takes them (aiohttp waits while its buffer is full)."""
+        response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+        await response.prepare(request)
+        piece = b"f" * 65536
+        for _ in range(int(request.query.get("mib", "1")) * 16):
+            await response.write(piece)
+            state.flooded += len(piece)
+        await response.write_eof()
+        return response
+
+    async def sha256(request: web.Request) -> web.Response:
+        """The SHA-256 and length of the request body, read as it streams in (never held whole)."""
+        digest, length = hashlib.sha256(), 0
+        async for chunk in request.content.iter_any():
+            digest.update(chunk)
+            length += len(chunk)
+        return web.json_response({"sha256": digest.hexdigest(), "bytes": length})
+
+    async def slow(request: web.Request) -> web.Response:
+        await request.read()
+        await asyncio.sleep(state.delay)
+        return web.json_response({"slow": state.delay})
+
+    app = web.Application(middlewares=[count], client_max_size=64 * 1024 * 1024)
+    app.router.add_route("*", "/status/{code:\\d{3}}", status)
+    app.router.add_get("/gzip/{code:\\d{3}}", gzipped)
+    app.router.add_get("/sse-varied", sse_varied)
+    app.router.add_get("/flood", flood)
+    app.router.add_post("/sha256", sha256)
+    app.router.add_route("*", "/slow", slow)
+    return app
+
+
+GZIP_EVENTS = [f'data: {{"n": {index}}}\n\n'.encode() for index in range(5)] + [b"data: [DONE]\n\n"]
+
+
+@asynccontextmanager
+async def run_catalogue_upstream() -> AsyncIterator[CatalogueUpstream]:
+    state = CatalogueUpstream()
+    runner = web.AppRunner(build_catalogue_app(state), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    state.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    try:
+        yield state
+    finally:
+        await runner.cleanup()
+
+
+@dataclass
+class TokenEndpoint:
+    """An OAuth 2.0 token endpoint that answers as told: a token (`lifetime` seconds), a status, a body that
+    is not JSON, or nothing at all (`hang`). `calls` counts the requests it got."""
+
+    url: str = ""
+    calls: int = 0
+    lifetime: int = 3600
+    status: int = 200
+    malformed: bool = False
+    hang: bool = False
+
+
+@asynccontextmanager
+async def run_token_endpoint() -> AsyncIterator[TokenEndpoint]:
+    state = TokenEndpoint()
+
+    async def issue(request: web.Request) -> web.Response:
+        await request.read()
+        state.calls += 1
+        if state.hang:
+            await asyncio.sleep(3600)
+        if state.malformed:
+            return web.Response(body=b'{"access_token": ', content_type="application/json")
+        if state.status != 200:
+            return web.json_response({"error": "server_error"}, status=state.status)
+        token = {"access_token": f"access-{state.calls}", "token_type": "Bearer", "expires_in": state.lifetime}
+        return web.json_response(token)
+
+    app = web.Application()
+    app.router.add_post("/oauth/token", issue)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    state.url = f"http://127.0.0.1:{runner.addresses[0][1]}/oauth/token"
+    try:
+        yield state
+    finally:
+        await runner.cleanup()
+
+
+@dataclass
+class FaultRelay:
+    """A TCP relay in front of a service (the database) that can refuse, hang or pass: the catalogue's fault
+    proxy. `refuse()` resets every open connection and every new one; `hang()` stops moving bytes on every
+    connection, open or new, without closing any; `restore()` passes bytes again (on new connections)."""
+
+    port: int = 0
+    mode: str = "pass"
+    connections: set[asyncio.StreamWriter] = field(default_factory=set)
+    flowing: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def refuse(self) -> None:
+        self.mode = "refuse"
+        self.flowing.set()
+        for writer in list(self.connections):
+            writer.transport.abort()
+
+    def hang(self) -> None:
+        self.mode = "hang"
+        self.flowing.clear()
+
+    def restore(self) -> None:
+        self.mode = "pass"
+        self.flowing.set()
+
+
+@asynccontextmanager
+async def run_fault_relay(host: str, port: int) -> AsyncIterator[FaultRelay]:
+    state = FaultRelay()
+    state.flowing.set()
+
+    async def pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError):
+            while data := await reader.read(65536):
+                await state.flowing.wait()
+                if state.mode == "refuse":
+                    break
+                writer.write(data)
+                await writer.drain()
+        writer.transport.abort()
+
+    async def relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if state.mode == "refuse":
+            writer.transport.abort()
+            return
+        try:
+            target_reader, target_writer = await asyncio.open_connection(host, port)
+        except OSError:
+            writer.transport.abort()
+            return
+        state.connections.update((writer, target_writer))
+        try:
+            await asyncio.gather(pump(reader, target_writer), pump(target_reader, writer))
+        finally:
+            state.connections.difference_update((writer, target_writer))
+
+    server = await asyncio.start_server(relay, "127.0.0.1", 0)
+    state.port = server.sockets[0].getsockname()[1]
+    try:
+        yield state
+    finally:
+        server.close()
+        state.refuse()
         await server.wait_closed()
