@@ -123,7 +123,9 @@ async def test_au02_malformed_credentials_get_401_or_400_never_a_5xx_and_the_gat
         answer = await exchange(gateway_url, head("/proxy/openai/models", *lines, "Connection: close"))
         assert answer.startswith(b"HTTP/1.1 401 "), (lines[0][:40], answer[:40])
     # Bytes outside ASCII, and a CR inside the token, as a hostile client sends them.
-    non_ascii = b"GET /proxy/openai/models HTTP/1.1\r\nHost: g\r\nAuthorization: Bearer cgp_\xe9\xff\xfe\r\n\r\n"
+    non_ascii = head("/proxy/openai/models", "Connection: close").replace(
+        b"Host: gateway\r\n", b"Host: gateway\r\nAuthorization: Bearer cgp_\xe9\xff\xfe\r\n"
+    )
     assert (await exchange(gateway_url, non_ascii, read_for=2)).startswith(b"HTTP/1.1 401 ")
     carriage_return = f"GET /proxy/openai/models HTTP/1.1\r\nHost: g\r\nAuthorization: Bearer {token}\rx\r\n\r\n"
     assert (await exchange(gateway_url, carriage_return.encode(), read_for=2)).startswith(b"HTTP/1.1 400 ")
@@ -266,7 +268,7 @@ async def test_au05_cross_project_matrix_reaches_only_its_own_upstream(
         assert exposed(repr(received.headers).encode() + received.body, others) == set()
 
 
-AU06_REQUESTS = 2000  # the catalogue: 100,000 at 500 concurrency, a benchmark's job; this runs in seconds
+AU06_REQUESTS = 1000  # the catalogue: 100,000 at 500 concurrency, a benchmark's job; this runs in seconds
 AU06_CONCURRENCY = 64
 
 
@@ -421,7 +423,7 @@ async def test_au08_with_the_database_down_a_token_without_the_prefix_gets_401_a
         project = await add_project(ctx, upstream)  # its token is not cached: it has never been used
         relay.cut()
         async with httpx.AsyncClient(base_url=gateway_url) as http:
-            for index in range(300):
+            for index in range(120):
                 guess = ("", "sk-", "cga_", "CGP_", "cgp-", "pgw_")[index % 6] + secrets.token_urlsafe(32)
                 assert_service_error(await http.post(CHAT_PATH, content=CHAT, headers=bearer(guess)), 401)
             for token in (project.token, "cgp_" + secrets.token_urlsafe(32)):
@@ -442,7 +444,7 @@ async def test_au09_tokens_issued_through_the_admin_api_are_unique_256_bit_and_s
     created = (await client.post("/api/v1/projects", json={"name": "tokens"})).json()
     project_id = created["project"]["id"]
     issued = [created["secret"]]
-    for _ in range(60):
+    for _ in range(30):
         rotated = await client.post(f"/api/v1/projects/{project_id}/token/rotate", json={"grace_seconds": 0})
         issued.append(rotated.json()["secret"])
 
@@ -740,7 +742,8 @@ async def test_au13_get_head_and_options_never_change_state_anywhere_in_the_admi
     project = await add_project(ctx, upstream)
     await sign_in(client)
     csrf = csrf_of((await client.get("/admin/projects")).text)
-    form = {"csrf": csrf, "name": "renamed", "api_key": canary(), "grace_seconds": "0", "enabled": "false"}
+    # A form's fields as a query string (a key-like value, not a registered one: the test client logs its URLs).
+    form = {"csrf": csrf, "name": "renamed", "api_key": f"sk-{uuid.uuid4()}", "grace_seconds": "0", "enabled": "0"}
     paths = {path for _, path in panel_calls(project.id, "openai", methods=("GET", "POST"))}
     paths |= {path for _, path in admin_api_calls(project.id, "openai")} | {"/admin/logout"}
     before = await state_of(client, project.id), await key_state(ctx, project.id)
