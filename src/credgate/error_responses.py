@@ -41,6 +41,7 @@ class ErrorOut(BaseModel):
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorOut, "description": description}
     for status, description in (
+        (400, "malformed request"),
         (401, "missing or invalid admin token"),
         (404, "unknown resource"),
         (409, "conflict with the current state"),

@@ -65,7 +65,8 @@ async def test_settings_disable_the_integration_and_set_defaults(
     response = await client.post(f"/admin/projects/{project_id}/integrations/openai", data=data)
     assert response.status_code == 303
     integration = await integrations.get_integration(ctx, project_id=project_id, provider="openai")
-    assert (integration.enabled, integration.timeout_seconds, integration.stream_idle_timeout_seconds) == (False, 30, 12.5)
+    assert (integration.enabled, integration.timeout_seconds) == (False, 30.0)
+    assert integration.stream_idle_timeout_seconds == 12.5
     assert (integration.headers, integration.query) == ({"OpenAI-Organization": "org-1"}, {"api-version": "2024-06-01"})
 
 
