@@ -6,6 +6,7 @@ exactly as received. After `http.response.start` an error can only abort the res
 import asyncio
 import functools
 import logging
+import ssl
 import time
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
@@ -102,6 +103,14 @@ class _FramingAwareResponseHandler(ResponseHandler):
         super().set_exception(exc, exc_cause)
 
 
+def _tls_context() -> ssl.SSLContext:
+    """Verified TLS, built without the environment: Python's default context would write every session secret
+    (and with it the provider keys on the wire) to a file named by SSLKEYLOGFILE."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # hostname checks and certificate verification on
+    context.load_default_certs()
+    return context
+
+
 def create_http_session(*, allow_private_upstreams: bool, max_connections: int = 1000) -> aiohttp.ClientSession:
     """The outbound client: raw bytes both ways, no redirects, no headers of its own, and (unless private
     upstreams are allowed) public addresses only."""
@@ -111,6 +120,7 @@ def create_http_session(*, allow_private_upstreams: bool, max_connections: int =
         ttl_dns_cache=10,
         enable_cleanup_closed=True,
         resolver=None if allow_private_upstreams else PublicOnlyResolver(),
+        ssl=_tls_context(),
     )
     connector._factory = functools.partial(_FramingAwareResponseHandler, loop=asyncio.get_running_loop())  # type: ignore[assignment]
     session = aiohttp.ClientSession(
