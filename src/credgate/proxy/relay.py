@@ -72,6 +72,12 @@ def _not_public(provider: str) -> BadGateway:
     return BadGateway(f"{provider}'s address is not public; refused (CREDGATE_ALLOW_PRIVATE_UPSTREAMS)")
 
 
+def _internal_error(request_id: str) -> ServiceError:
+    """A bug of credgate's own: logged with its traceback, answered in the envelope with nothing internal."""
+    logger.exception("unexpected failure of request %s", request_id)
+    return ServiceError(f"internal error (request id {request_id})")
+
+
 def _unauthorized() -> Unauthorized:
     return Unauthorized(UNAUTHORIZED_MESSAGE, headers=_CHALLENGE)
 
@@ -188,6 +194,9 @@ class ProxyApp:
         except ServiceError as error:
             await _send_error(send, error)
             return
+        except Exception:
+            await _send_error(send, _internal_error(scope["state"]["request_id"]))
+            return
         record = ProxiedRequest(
             at=datetime.now(UTC),
             project_id=access.project_id,
@@ -203,6 +212,12 @@ class ProxyApp:
         except ServiceError as error:
             record.status = error.status
             record.response_bytes = await _send_error(send, error)
+        except Exception:
+            if record.status:
+                raise  # the response has started: it can only be cut off (uvicorn closes the connection)
+            internal = _internal_error(record.request_id)
+            record.status = internal.status
+            record.response_bytes = await _send_error(send, internal)
         finally:
             record.duration_ms = (time.perf_counter() - started) * 1000
             self.recorder.record(record)
