@@ -177,3 +177,49 @@ def test_create_user_reads_password_from_stdin(credgate: Any) -> None:
     assert credgate("admin", "create-user", "alice", "--password-stdin", stdin="correct horse battery").exit_code == 0
     assert credgate("admin", "create-user", "alice", "--password-stdin", stdin="correct horse battery").exit_code == 4
     assert credgate("admin", "create-user", "bob", "--password-stdin", stdin="short").exit_code == 2
+
+
+NOT_IN_RANGE = [str(2**64), str(2**70), "-1", "1e400", "nan", "inf", "abc"]
+
+
+@pytest.mark.parametrize(
+    ("command", "option"),
+    [
+        (("projects", "update", "{project}"), "--rate-limit"),
+        (("projects", "rotate-token", "{project}"), "--grace-seconds"),
+        (("projects", "rotate-token", "{project}"), "--expires-in-seconds"),
+        (("projects", "requests", "{project}"), "--limit"),
+        (("projects", "usage", "{project}"), "--days"),
+        (("audit",), "--limit"),
+        (("integrations", "update", "{project}", "acme"), "--timeout-seconds"),
+        (("integrations", "update", "{project}", "acme"), "--stream-idle-timeout"),
+    ],
+)
+def test_a_number_out_of_range_exits_2_naming_the_option(credgate: Any, command: tuple[str, ...], option: str) -> None:
+    project = project_id(credgate)
+    args = [part.format(project=project) for part in command]
+    for value in NOT_IN_RANGE:
+        result = credgate(*args, option, value)
+        assert result.exit_code == 2, (value, result.output)
+        assert option in result.output
+        if len(value) > 4:
+            assert value not in result.output
+
+
+def test_the_stream_idle_timeout_is_set_and_shown(credgate: Any) -> None:
+    project = project_id(credgate)
+    credgate(
+        "integrations", "add", project, "acme", "--base-url", "https://api.acme.test", "--api-key-stdin", stdin=KEY
+    )
+    assert json.loads(credgate("integrations", "show", project, "acme").output)["stream_idle_timeout_seconds"] == 300
+    result = credgate("integrations", "update", project, "acme", "--stream-idle-timeout", "12.5")
+    assert result.exit_code == 0, result.output
+    shown = json.loads(credgate("integrations", "show", project, "acme").output)
+    assert (shown["stream_idle_timeout_seconds"], shown["timeout_seconds"]) == (12.5, 600)
+
+
+def test_a_name_out_of_its_limits_exits_2_and_names_the_field(credgate: Any) -> None:
+    result = credgate("projects", "create", "n" * 201)
+    assert result.exit_code == 2
+    assert result.output == "error: name: must be 1 to 200 characters\n"
+    assert credgate("admin", "create-token", "--name", "n" * 201).exit_code == 2

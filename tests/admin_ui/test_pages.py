@@ -135,3 +135,68 @@ async def test_the_add_flow_asks_for_the_key_only_at_the_first_setup(
     )
     assert response.status_code == 422  # another account under a new name needs its own key
     assert "asked only this first time" in response.text
+
+
+def field_error(html: str, field: str) -> str | None:
+    """The error shown right after the field's input, if any."""
+    match = re.search(rf'id="{field}"[^>]*>\s*<p class="field-error" role="alert">([^<]+)</p>', html)
+    return match.group(1) if match else None
+
+
+NOT_IN_RANGE = [str(2**64), str(2**70), "-1", "1e400", "nan", "inf", "ten"]
+
+
+@pytest.mark.parametrize(
+    ("field", "shown"),
+    [
+        ("timeout_seconds", "Must be a number above 0, at most 3600."),
+        ("stream_idle_timeout_seconds", "Must be a number above 0, at most 3600."),
+    ],
+)
+async def test_an_integration_timeout_out_of_range_is_told_next_to_its_field(
+    client: httpx.AsyncClient, ctx: Context, project_id: str, field: str, shown: str
+) -> None:
+    csrf = await signed_in_csrf(client)
+    valid = {"csrf": csrf, "base_url": "https://api.openai.com/v1", "enabled": "on", "headers": "", "query": ""}
+    valid |= {"timeout_seconds": "600", "stream_idle_timeout_seconds": "300"}
+    for value in NOT_IN_RANGE:
+        response = await client.post(f"/admin/projects/{project_id}/integrations/openai", data=valid | {field: value})
+        assert response.status_code == 422
+        assert field_error(response.text, field) == shown, value
+    integration = await integrations.get_integration(ctx, project_id=project_id, provider="openai")
+    assert (integration.timeout_seconds, integration.stream_idle_timeout_seconds) == (600, 300)
+
+
+@pytest.mark.parametrize(
+    ("action", "field", "shown"),
+    [
+        ("", "rate_limit_per_minute", "Must be a whole number from 1 to 1000000."),
+        ("/token/rotate", "grace_seconds", "Must be a whole number from 0 to 2592000."),
+        ("/token/rotate", "expires_in_days", "Must be a whole number from 1 to 3650."),
+    ],
+)
+async def test_a_project_number_out_of_range_is_told_next_to_its_field(
+    client: httpx.AsyncClient, ctx: Context, project_id: str, action: str, field: str, shown: str
+) -> None:
+    csrf = await signed_in_csrf(client)
+    before = await projects.get_project(ctx, project_id=project_id)
+    for value in NOT_IN_RANGE:
+        data = {"csrf": csrf, "name": "p", field: value}
+        response = await client.post(f"/admin/projects/{project_id}{action}", data=data)
+        assert response.status_code == 422
+        assert field_error(response.text, field) == shown, value
+        assert value not in response.text or len(value) < 5
+    after = await projects.get_project(ctx, project_id=project_id)
+    assert (after.rate_limit_per_minute, [token.id for token in after.tokens]) == (None, [t.id for t in before.tokens])
+
+
+async def test_the_stream_idle_timeout_is_shown_and_saved(
+    client: httpx.AsyncClient, ctx: Context, project_id: str
+) -> None:
+    csrf = await signed_in_csrf(client)
+    page = f"/admin/projects/{project_id}/integrations/openai"
+    assert 'name="stream_idle_timeout_seconds" value="300.0"' in (await client.get(page)).text
+    data = {"csrf": csrf, "base_url": "https://api.openai.com/v1", "timeout_seconds": "600.0"}
+    data |= {"stream_idle_timeout_seconds": "0.25", "headers": "", "query": ""}
+    assert (await client.post(page, data=data)).status_code == 303
+    assert 'name="stream_idle_timeout_seconds" value="0.25"' in (await client.get(page)).text

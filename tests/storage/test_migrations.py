@@ -1,0 +1,70 @@
+"""Schema migrations on a database that already holds rows, on SQLite and PostgreSQL."""
+
+from datetime import UTC, datetime
+from typing import Any
+
+import sqlalchemy as sa
+from alembic import command
+from alembic.config import Config
+from sqlalchemy.ext.asyncio import AsyncConnection, create_async_engine
+
+from credgate.storage.database import MIGRATIONS_DIR
+
+NOW = datetime(2025, 1, 1, tzinfo=UTC)
+PROJECTS = sa.table(
+    "projects",
+    sa.column("id", sa.String),
+    sa.column("name", sa.String),
+    sa.column("created_at", sa.DateTime(timezone=True)),
+    sa.column("updated_at", sa.DateTime(timezone=True)),
+)
+INTEGRATIONS = sa.table(
+    "integrations",
+    *(sa.column(name, sa.String) for name in ("id", "project_id", "provider", "base_url")),
+    *(sa.column(name, sa.JSON) for name in ("auth", "templates", "endpoints", "headers", "query")),
+    sa.column("enabled", sa.Boolean),
+    sa.column("timeout_seconds", sa.Double),
+    sa.column("created_at", sa.DateTime(timezone=True)),
+    sa.column("updated_at", sa.DateTime(timezone=True)),
+)
+
+
+def _migrate(connection: sa.Connection, revision: str, *, down: bool = False) -> None:
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    config.attributes["connection"] = connection
+    (command.downgrade if down else command.upgrade)(config, revision)
+
+
+async def _columns(connection: AsyncConnection) -> set[str]:
+    found = await connection.run_sync(lambda sync: sa.inspect(sync).get_columns("integrations"))
+    return {column["name"] for column in found}
+
+
+async def test_0004_gives_integrations_that_exist_a_stream_idle_timeout_of_300(
+    database: tuple[str, dict[str, Any]],
+) -> None:
+    engine = create_async_engine(database[0], connect_args=database[1])
+    try:
+        async with engine.begin() as connection:
+            await connection.run_sync(_migrate, "0003")
+            await connection.execute(sa.insert(PROJECTS).values(id="prj_1", name="p", created_at=NOW, updated_at=NOW))
+            row: dict[str, Any] = {
+                "id": "int_1",
+                "project_id": "prj_1",
+                "provider": "acme",
+                "base_url": "https://api.acme.test",
+            }
+            row |= {"auth": {"method": "bearer"}, "templates": [], "endpoints": [], "headers": {}, "query": {}}
+            row |= {"enabled": True, "timeout_seconds": 600.0, "created_at": NOW, "updated_at": NOW}
+            await connection.execute(sa.insert(INTEGRATIONS).values(**row))
+            await connection.run_sync(_migrate, "0004")
+            found = await connection.execute(
+                sa.text("SELECT timeout_seconds, stream_idle_timeout_seconds FROM integrations")
+            )
+            assert found.all() == [(600.0, 300.0)]
+            await connection.run_sync(_migrate, "0003", down=True)
+            assert "stream_idle_timeout_seconds" not in await _columns(connection)
+            assert (await connection.execute(sa.text("SELECT id FROM integrations"))).all() == [("int_1",)]
+    finally:
+        await engine.dispose()
