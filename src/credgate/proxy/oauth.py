@@ -6,6 +6,7 @@ import base64
 import hashlib
 import json
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from credgate.specs import OAuth2ClientCredentialsAuth, OAuth2RefreshTokenAuth
 
 logger = logging.getLogger(__name__)
 DEFAULT_LIFETIME_SECONDS = 3600.0
+MAX_LIFETIME_SECONDS = 7 * 24 * 3600.0  # a week: longer claims are renewed anyway
 _RENEW_BEFORE_SECONDS = 60.0
 _FAILURE_PAUSE_SECONDS = 2.0  # after a failed fetch, so a broken endpoint is not hammered by every request
 _FETCH_TIMEOUT = aiohttp.ClientTimeout(total=30)
@@ -105,7 +107,7 @@ class TokenBroker:
         try:
             document = json.loads(body)
             access_token = document["access_token"]
-            lifetime = float(document.get("expires_in") or DEFAULT_LIFETIME_SECONDS)
+            lifetime = _lifetime(document.get("expires_in"))
         except (ValueError, KeyError, TypeError):
             raise BadGateway(f"{provider}: the token endpoint's answer holds no access token") from None
         if not isinstance(access_token, str) or not access_token:
@@ -115,6 +117,17 @@ class TokenBroker:
             await self._store_refresh_token(project_id, provider, new_refresh)
         renew_before = min(_RENEW_BEFORE_SECONDS, lifetime / 2)
         return _Cached(access_token=Secret(access_token), renew_at=self._clock() + lifetime - renew_before)
+
+
+def _lifetime(expires_in: object) -> float:
+    """The token's lifetime in seconds (RFC 6749 section 5.1): absent means the default, and 0 means it is good
+    for this request only, never "absent"; nonsense is not trusted for longer than the default either."""
+    if expires_in is None:
+        return DEFAULT_LIFETIME_SECONDS
+    if not isinstance(expires_in, int | float | str):
+        raise TypeError("expires_in is not a number")  # a malformed answer, like a ValueError from float()
+    lifetime = float(expires_in)
+    return min(max(lifetime, 0.0), MAX_LIFETIME_SECONDS) if math.isfinite(lifetime) else DEFAULT_LIFETIME_SECONDS
 
 
 def _token_request(
