@@ -54,7 +54,7 @@ from credgate.limits import (
     parse_float,
     parse_int,
 )
-from credgate.server import server_config
+from credgate.server import exit_zero_on_sigterm, server_config
 from credgate.services import admins, audit, integrations, master_keys, panel_sessions, projects, usage
 from credgate.services.bootstrap import open_context
 from credgate.services.context import Context
@@ -176,6 +176,7 @@ def serve(settings: Settings, host: str | None, port: int | None) -> None:
                 f"\nNo admin exists yet. Create the first one, once, at:\n  {base}/admin/setup?token={setup_token}\n"
             )
         server = uvicorn.Server(server_config(create_app(settings, context=ctx), settings))
+        exit_zero_on_sigterm()
         asyncio.get_running_loop().call_later(1.0, gc.freeze)  # start-up objects out of the collector's way
         try:
             await server.serve()

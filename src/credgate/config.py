@@ -29,6 +29,8 @@ class Settings(BaseSettings):
     client_body_timeout_seconds: float = Field(default=60.0, gt=0)
     # How often an instance looks for changes made by other instances or the CLI (contract section 6).
     change_poll_seconds: float = Field(default=0.5, gt=0, le=1)
+    # On SIGTERM: stop accepting, let requests and streams in flight finish for at most this long, exit 0.
+    drain_seconds: float = Field(default=30.0, ge=0, le=3600)
     log_level: str = "info"
     # How long the request log keeps a proxied request (bodies are never kept).
     request_log_days: int = Field(default=30, ge=1)

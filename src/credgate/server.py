@@ -9,6 +9,7 @@ both cases the connection closes, so memory per connection stays bounded whateve
 import asyncio
 import logging
 import secrets
+import signal
 from typing import Any
 
 import uvicorn
@@ -148,6 +149,12 @@ def _peer(client: tuple[str, int] | None) -> str:
     return f"{client[0]}:{client[1]}" if client else "unknown client"
 
 
+def exit_zero_on_sigterm() -> None:
+    """uvicorn drains on SIGTERM, then raises the signal again once its old handler is back, so the process
+    would die by it; a drained gateway exits 0 (what an orchestrator expects of a clean stop)."""
+    signal.signal(signal.SIGTERM, lambda _signal, _frame: None)
+
+
 def server_config(app: Any, settings: Settings, **overrides: Any) -> uvicorn.Config:
     """uvicorn's configuration for the gateway: credgate logs for itself and bounds every request head."""
     protocol = type(
@@ -163,5 +170,6 @@ def server_config(app: Any, settings: Settings, **overrides: Any) -> uvicorn.Con
         "server_header": False,
         "date_header": False,
         "log_config": None,
+        "timeout_graceful_shutdown": settings.drain_seconds,
     }
     return uvicorn.Config(app, **(options | overrides))
