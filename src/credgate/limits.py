@@ -22,8 +22,11 @@ MAX_USAGE_WINDOW = timedelta(days=3650)
 MAX_RATE_LIMIT_PER_MINUTE = 1_000_000
 MAX_LISTED = 1000  # records in one answer of the request log or the audit log
 MAX_NAME_LENGTH = 200
+MAX_PROVIDER_NAME_LENGTH = 63  # a DNS label's length: a provider name is a path segment, and reads like a host
 MAX_TEMPLATE_ID_LENGTH = 100
+MAX_URL_LENGTH = 2048
 MAX_KEY_LENGTH = 8192
+MAX_ACTOR_LENGTH = 200  # the audit log's "who": a kind of actor and a name, cut to this length
 MAX_ENDPOINTS = 1000
 MIN_PASSWORD_LENGTH = 12
 # Times an admin may name (a usage window): far enough from datetime's own ends that no offset or window

@@ -10,7 +10,9 @@ from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-PROVIDER_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
+from credgate.limits import MAX_PROVIDER_NAME_LENGTH, MAX_URL_LENGTH
+
+PROVIDER_NAME = re.compile(rf"[a-z0-9][a-z0-9_-]{{0,{MAX_PROVIDER_NAME_LENGTH - 1}}}")
 METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
 _TOKEN_CHARS = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # RFC 9110 token: a header name
 # Hop-by-hop headers (RFC 9110 section 7.6.1): they concern one connection and are never relayed.
@@ -33,7 +35,10 @@ RESERVED_HEADERS = HOP_BY_HOP | {"host", "content-length"}
 
 def check_provider_name(name: str) -> str:
     if not PROVIDER_NAME.fullmatch(name):
-        raise ValueError("must be lowercase letters, digits, '-' or '_', starting with a letter or digit, at most 63")
+        raise ValueError(
+            "must be lowercase letters, digits, '-' or '_', starting with a letter or digit, "
+            f"at most {MAX_PROVIDER_NAME_LENGTH}"
+        )
     return name
 
 
@@ -110,7 +115,7 @@ ProviderName = Annotated[str, AfterValidator(check_provider_name)]
 HeaderName = Annotated[str, Field(min_length=1, max_length=200), AfterValidator(check_header_name)]
 HeaderMap = Annotated[dict[str, str], AfterValidator(_check_headers)]
 QueryMap = Annotated[dict[Annotated[str, Field(min_length=1, max_length=200)], str], Field(max_length=64)]
-BaseUrl = Annotated[str, Field(max_length=2048), AfterValidator(check_base_url)]
+BaseUrl = Annotated[str, Field(max_length=MAX_URL_LENGTH), AfterValidator(check_base_url)]
 
 
 class _Spec(BaseModel):
@@ -151,7 +156,7 @@ class BasicAuth(_Spec):
     method: Literal["basic"]
 
 
-TokenUrl = Annotated[str, Field(max_length=2048), AfterValidator(check_base_url)]
+TokenUrl = Annotated[str, Field(max_length=MAX_URL_LENGTH), AfterValidator(check_base_url)]
 OAuthText = Annotated[str, Field(min_length=1, max_length=1000), AfterValidator(_check_header_value)]
 
 

@@ -7,7 +7,16 @@ from typing import Any
 import httpx
 import pytest
 
-from credgate.limits import MAX_GRACE, MAX_RATE_LIMIT_PER_MINUTE, MAX_TIMEOUT_SECONDS, MAX_TOKEN_LIFETIME
+from credgate.limits import (
+    MAX_ACTOR_LENGTH,
+    MAX_GRACE,
+    MAX_NAME_LENGTH,
+    MAX_RATE_LIMIT_PER_MINUTE,
+    MAX_TIMEOUT_SECONDS,
+    MAX_TOKEN_LIFETIME,
+)
+from credgate.services import admins
+from credgate.services.context import Context
 from tests.admin_api.test_error_shape import CUSTOM, service_error
 
 # Raw JSON, so that what json.dumps cannot write (1e400, NaN) is sent too.
@@ -159,3 +168,14 @@ async def test_the_stream_idle_timeout_defaults_to_300_and_round_trips(client: h
     assert changed.json()["stream_idle_timeout_seconds"] == 0.25
     assert (await client.get(url)).json()["stream_idle_timeout_seconds"] == 0.25
     assert (await client.get(url)).json()["timeout_seconds"] == 600  # the other timeout is its own setting
+
+
+async def test_an_admin_token_with_the_longest_name_can_still_change_things(
+    client: httpx.AsyncClient, ctx: Context
+) -> None:
+    """The audit log's actor ("admin-token:" and the name) is longer than a name may be: it is cut, not a 500."""
+    token = await admins.create_admin_token(ctx, name="n" * MAX_NAME_LENGTH, actor="tests")
+    response = await client.post("/api/v1/projects", json={"name": "p"}, headers={"Authorization": f"Bearer {token}"})
+    assert response.status_code == 201
+    actors = [event["actor"] for event in (await client.get("/api/v1/audit")).json()["items"]]
+    assert actors[0] == ("admin-token:" + "n" * MAX_NAME_LENGTH)[:MAX_ACTOR_LENGTH]

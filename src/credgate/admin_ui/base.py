@@ -10,6 +10,7 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.templating import Jinja2Templates
 
+from credgate import limits
 from credgate.admin_ui.memory import PanelMemory
 from credgate.admin_ui.security import SignInThrottle, check_csrf, check_origin, session_cookie_name
 from credgate.errors import InvalidInput
@@ -17,6 +18,7 @@ from credgate.services.context import Context
 from credgate.services.panel_sessions import SignedIn, resume_session
 
 templates = Jinja2Templates(directory=Path(__file__).parent / "templates")
+templates.env.globals["limits"] = limits  # the pages' maxlength and hints, from the one definition
 
 
 class SignInRequired(Exception):

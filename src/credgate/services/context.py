@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 
 from credgate.catalog import Template
 from credgate.crypto import KeyRing
+from credgate.limits import MAX_ACTOR_LENGTH
 from credgate.storage import Database, Repository
 from credgate.storage.models import AuditEvent
 
@@ -83,6 +84,8 @@ class Context:
         """
         async with self.database.transaction() as repo:
             yield repo
-            repo.add(AuditEvent(at=self.clock(), actor=actor, action=action, project_id=project_id, provider=provider))
+            # Cut, not refused: "admin-token:" and a name of the longest allowed length is longer than the column.
+            who = actor[:MAX_ACTOR_LENGTH]
+            repo.add(AuditEvent(at=self.clock(), actor=who, action=action, project_id=project_id, provider=provider))
             await repo.set_meta(CHANGE_MARKER, secrets.token_hex(8))
         self.access.invalidate()

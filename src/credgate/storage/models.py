@@ -18,6 +18,8 @@ from sqlalchemy import (
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
+from credgate.limits import MAX_ACTOR_LENGTH, MAX_NAME_LENGTH, MAX_PROVIDER_NAME_LENGTH, MAX_URL_LENGTH
+
 
 class UTCDateTime(TypeDecorator[datetime]):
     """Timezone-aware UTC on every backend (SQLite keeps no zone, so it is restored on read)."""
@@ -54,7 +56,7 @@ class Meta(Base):
 class Project(Base):
     __tablename__ = "projects"
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
-    name: Mapped[str] = mapped_column(String(200))
+    name: Mapped[str] = mapped_column(String(MAX_NAME_LENGTH))
     rate_limit_per_minute: Mapped[int | None]
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
@@ -83,7 +85,7 @@ class ProjectToken(Base):
 class AdminToken(Base):
     __tablename__ = "admin_tokens"
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
-    name: Mapped[str] = mapped_column(String(200))
+    name: Mapped[str] = mapped_column(String(MAX_NAME_LENGTH))
     token_hash: Mapped[str] = mapped_column(String(64), unique=True)
     prefix: Mapped[str] = mapped_column(String(16))
     created_at: Mapped[datetime]
@@ -93,7 +95,7 @@ class AdminToken(Base):
 class AdminUser(Base):
     __tablename__ = "admin_users"
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
-    username: Mapped[str] = mapped_column(String(200), unique=True)
+    username: Mapped[str] = mapped_column(String(MAX_NAME_LENGTH), unique=True)
     password_hash: Mapped[str] = mapped_column(String(512))
     created_at: Mapped[datetime]
 
@@ -103,8 +105,8 @@ class Integration(Base):
     __table_args__ = (UniqueConstraint("project_id", "provider"),)
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
     project_id: Mapped[str] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"))
-    provider: Mapped[str] = mapped_column(String(63))
-    base_url: Mapped[str] = mapped_column(String(2048))
+    provider: Mapped[str] = mapped_column(String(MAX_PROVIDER_NAME_LENGTH))
+    base_url: Mapped[str] = mapped_column(String(MAX_URL_LENGTH))
     auth: Mapped[dict[str, Any]]
     templates: Mapped[list[Any]]
     endpoints: Mapped[list[Any]]
@@ -141,10 +143,10 @@ class AuditEvent(Base):
     __table_args__ = (Index("ix_audit_events_at", "at"),)
     id: Mapped[int] = mapped_column(primary_key=True, autoincrement=True)
     at: Mapped[datetime]
-    actor: Mapped[str] = mapped_column(String(200))
+    actor: Mapped[str] = mapped_column(String(MAX_ACTOR_LENGTH))
     action: Mapped[str] = mapped_column(String(64))
     project_id: Mapped[str | None] = mapped_column(String(32))
-    provider: Mapped[str | None] = mapped_column(String(63))
+    provider: Mapped[str | None] = mapped_column(String(MAX_PROVIDER_NAME_LENGTH))
 
 
 class RequestRecord(Base):
@@ -157,7 +159,7 @@ class RequestRecord(Base):
     project_id: Mapped[str] = mapped_column(String(32))
     request_id: Mapped[str] = mapped_column(String(32))
     method: Mapped[str] = mapped_column(String(8))
-    provider: Mapped[str] = mapped_column(String(63))
+    provider: Mapped[str] = mapped_column(String(MAX_PROVIDER_NAME_LENGTH))
     endpoint: Mapped[str] = mapped_column(String(2048))
     status: Mapped[int]
     duration_ms: Mapped[float]
