@@ -493,7 +493,8 @@ GZIP_EVENTS = [f'data: {{"n": {index}}}\n\n'.encode() for index in range(5)] + [
 @asynccontextmanager
 async def run_catalogue_upstream() -> AsyncIterator[CatalogueUpstream]:
     state = CatalogueUpstream()
-    runner = web.AppRunner(build_catalogue_app(state), access_log=None)
+    # A handler stops when its client leaves, as a provider stops generating: `active` counts connections.
+    runner = web.AppRunner(build_catalogue_app(state), access_log=None, handler_cancellation=True)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()

@@ -12,10 +12,8 @@ import itertools
 import secrets
 import signal
 import socket
-import subprocess
 import time
 from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,7 +33,6 @@ from credgate.specs import Endpoint, OAuth2ClientCredentialsAuth
 from tests.conftest import POSTGRES_URL, REQUIRE_POSTGRES
 from tests.e2e.conftest import (
     Project,
-    RunningGateway,
     add_custom,
     add_project,
     free_port,
@@ -56,6 +53,9 @@ from tests.upstream import (
     run_watched_upstream,
 )
 
+# A scaled timeout must fire at its value, and within this much after it (the catalogue allows 10 %, at least
+# 200 ms; a loaded 2-core CI machine needs more).
+LATE = 0.4
 SSE_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
 ENVELOPE_HEADER = "x-credgate-error"
 
@@ -198,7 +198,7 @@ async def test_ft01_a_dns_lookup_that_never_answers_ends_at_the_integration_time
     elapsed = time.monotonic() - started
     assert asked.is_set()
     assert_service_error(response, 504)
-    assert 0.5 <= elapsed < 1.0
+    assert 0.5 <= elapsed < 0.5 + LATE
 
 
 # FT-02 connect timeout
@@ -226,7 +226,7 @@ async def test_ft02_a_connect_that_never_completes_is_a_504_at_the_timeout_and_i
     response = await served.get("/proxy/blackhole/models", project.token)
     elapsed = time.monotonic() - started
     assert_service_error(response, 504)
-    assert 0.5 <= elapsed < 1.0
+    assert 0.5 <= elapsed < 0.5 + LATE
     assert len(sockets) == 1
     assert sockets[0].fileno() == -1  # closed, not left to the garbage collector
 
@@ -244,7 +244,7 @@ async def test_ft03_hang_before_headers_gets_504_at_the_timeout_and_the_upstream
         response = await served.get("/proxy/silent/v1/chat", project.token)
         answered = time.monotonic()
         assert_service_error(response, 504)
-        assert 0.5 <= answered - started < 0.9
+        assert 0.5 <= answered - started < 0.5 + LATE
         assert await eventually(lambda: silent.hang_ups, within=1.0)
         assert silent.hang_ups[0] - (started + 0.5) < 1.0
         assert served.proxy.in_flight == 0
@@ -272,7 +272,7 @@ async def test_ft04_a_drip_fed_head_cannot_stretch_the_header_timeout(
         response = await served.get("/proxy/drip/v1/chat", project.token)
         elapsed = time.monotonic() - started
         assert_service_error(response, 504)
-        assert 0.5 <= elapsed < 0.9
+        assert 0.5 <= elapsed < 0.5 + LATE
         assert await eventually(lambda: dripping.hang_ups, within=1.0)
 
 
@@ -308,7 +308,7 @@ async def test_ft05_a_stream_that_stalls_is_cut_at_the_stream_idle_timeout_with_
         cut = time.monotonic()
         assert await eventually(lambda: stalled.hang_ups, within=1.0)
     assert b"".join(chunks) == b"".join(b'data: {"n": %d}\n\n' % index for index in range(5))  # no [DONE], no error
-    assert 0.5 <= elapsed < 0.9
+    assert 0.5 <= elapsed < 0.5 + LATE
     assert stalled.hang_ups[0] - cut < 1.0
 
 
@@ -460,26 +460,23 @@ async def test_ft10_provider_errors_arrive_byte_identical_and_a_storm_of_them_ex
 # FT-11 compressed responses
 
 
-@pytest.mark.parametrize("accept", ["gzip", "identity"])
-@pytest.mark.parametrize("path", ["gzip/200", "gzip/500", "gzip/200?sse=1"])
 async def test_ft11_compressed_responses_arrive_as_sent_with_a_matching_encoding_and_length(
-    served: Served, ctx: Context, project: Project, path: str, accept: str
+    served: Served, ctx: Context, project: Project
 ) -> None:
     """Pass-through: the upstream's gzip bytes and its Content-Encoding, whatever the client accepts (the
     upstream chose the encoding); never decoded bytes under a stale Content-Encoding or Content-Length."""
-    async with run_catalogue_upstream() as catalogue, httpx.AsyncClient(timeout=10) as client:
+    async with run_catalogue_upstream() as catalogue:
         await add_custom(ctx, project, "zipped", catalogue.url)
-        direct = await raw_response(client, f"{catalogue.url}/{path}", {"Accept-Encoding": accept})
-        relayed = await raw_response(
-            client, f"{served.url}/proxy/zipped/{path}", {"Accept-Encoding": accept, **bearer(project.token)}
-        )
-    response, raw = relayed
-    assert response.status_code == direct[0].status_code
-    assert response.headers["content-encoding"] == "gzip"
-    assert raw == direct[1]
-    assert response.headers.get("content-length", str(len(raw))) == str(len(raw))
-    expected = b"".join(GZIP_EVENTS) if "sse" in path else gzip.decompress(direct[1])
-    assert gzip.decompress(raw) == expected
+        for path, accept in itertools.product(("gzip/200", "gzip/500", "gzip/200?sse=1"), ("gzip", "identity")):
+            direct, sent = await raw_response(served.http, f"{catalogue.url}/{path}", {"Accept-Encoding": accept})
+            relayed, raw = await raw_response(
+                served.http, f"{served.url}/proxy/zipped/{path}", {"Accept-Encoding": accept, **bearer(project.token)}
+            )
+            assert relayed.status_code == direct.status_code, path
+            assert relayed.headers["content-encoding"] == "gzip", path
+            assert raw == sent, path
+            assert relayed.headers.get("content-length", str(len(raw))) == str(len(raw)), path
+            assert gzip.decompress(raw) == (b"".join(GZIP_EVENTS) if "sse" in path else gzip.decompress(sent)), path
 
 
 async def raw_response(client: httpx.AsyncClient, url: str, headers: dict[str, str]) -> tuple[httpx.Response, bytes]:
@@ -581,9 +578,9 @@ async def test_ft12_while_the_database_hangs_an_unknown_token_gets_503_in_bounde
     stale = await relayed.chat(relayed.warm)
     started = time.monotonic()
     try:
-        unknown = await asyncio.wait_for(relayed.chat(relayed.cold), 5)
+        unknown = await asyncio.wait_for(relayed.chat(relayed.cold), 4)
     except TimeoutError:
-        pytest.fail("no answer within 5 s while the database hangs (no connect or statement timeout)")
+        pytest.fail("no answer within 4 s while the database hangs (no connect or statement timeout)")
     elapsed = time.monotonic() - started
     assert stale.status_code == 200
     assert_service_error(unknown, 503)
@@ -669,17 +666,16 @@ HOSTILE_HEADS = {
 }
 
 
-@pytest.mark.parametrize("hostile", list(HOSTILE_HEADS))
 async def test_ft17_a_protocol_violation_before_any_byte_is_a_502_and_the_client_connection_stays_in_sync(
-    served: Served, ctx: Context, project: Project, hostile: str
+    served: Served, ctx: Context, project: Project
 ) -> None:
-    async with run_raw_upstream([HOSTILE_HEADS[hostile]]) as raw:
-        await add_custom(ctx, project, "hostile", raw.url)
-        async with httpx.AsyncClient(timeout=10) as client:
-            response = await client.get(f"{served.url}/proxy/hostile/x", headers=bearer(project.token))
-            again = await client.get(f"{served.url}/healthz")  # the same keep-alive connection
-    assert_service_error(response, 502)
-    assert again.status_code == 200
+    for number, (hostile, head) in enumerate(HOSTILE_HEADS.items()):
+        async with run_raw_upstream([head]) as raw:
+            await add_custom(ctx, project, f"hostile{number}", raw.url)
+            response = await served.get(f"/proxy/hostile{number}/x", project.token)
+            again = await served.http.get(f"{served.url}/healthz")  # the same keep-alive connection
+        assert (response.status_code, response.headers.get(ENVELOPE_HEADER)) == (502, "true"), hostile
+        assert again.status_code == 200, hostile
     assert served.proxy.in_flight == 0
 
 
@@ -692,7 +688,9 @@ async def token_endpoint() -> AsyncIterator[TokenEndpoint]:
         yield endpoint
 
 
-async def add_oauth(ctx: Context, project: Project, upstream: Upstream, token_url: str) -> str:
+async def add_oauth(
+    ctx: Context, project: Project, upstream: Upstream, token_url: str, provider: str = "secured"
+) -> str:
     """A custom integration whose key is an OAuth 2.0 client secret; returns the secret."""
     secret = "oauth-ft18-" + secrets.token_urlsafe(16)
     SWEEP.register(secret)
@@ -700,46 +698,47 @@ async def add_oauth(ctx: Context, project: Project, upstream: Upstream, token_ur
     await integrations.add_custom_integration(
         ctx,
         project_id=project.id,
-        provider="secured",
+        provider=provider,
         base_url=f"{upstream.url}/echo",
         api_key=secret,
         auth=auth,
         actor="t",
     )
     everything = [Endpoint(method="*", path="**")]
-    await integrations.set_endpoints(ctx, project_id=project.id, provider="secured", endpoints=everything, actor="t")
+    await integrations.set_endpoints(ctx, project_id=project.id, provider=provider, endpoints=everything, actor="t")
     return secret
 
 
-@pytest.mark.parametrize("fault", ["refused", "hangs", "status 500", "malformed JSON"])
 async def test_ft18_a_failing_token_endpoint_is_a_502_without_the_secret_and_is_not_hammered(
     served: Served,
     ctx: Context,
     project: Project,
     upstream: Upstream,
-    token_endpoint: TokenEndpoint,
     dials: Dials,
     monkeypatch: pytest.MonkeyPatch,
-    fault: str,
 ) -> None:
-    """A burst finds the endpoint failing: one call, its failure shared and kept for a pause. (The 401 refusal
-    is test_a_refused_fetch_is_a_clear_502_without_the_secret_and_is_not_retried_at_once.) The token
-    endpoint's timeout (30 s, not a setting) is scaled down here by hand."""
+    """A burst finds the endpoint refusing connections, hanging, answering 500 or answering garbage: one call,
+    its failure shared and kept for a pause. (A 401 refusal is
+    test_a_refused_fetch_is_a_clear_502_without_the_secret_and_is_not_retried_at_once.) The token endpoint's
+    timeout (30 s, not a setting) is scaled down here by hand."""
     monkeypatch.setattr(oauth, "_FETCH_TIMEOUT", aiohttp.ClientTimeout(total=0.5))
-    token_endpoint.hang = fault == "hangs"
-    token_endpoint.status = 500 if fault == "status 500" else 200
-    token_endpoint.malformed = fault == "malformed JSON"
-    closed = free_port()
-    token_url = f"http://127.0.0.1:{closed}/oauth/token" if fault == "refused" else token_endpoint.url
-    secret = await add_oauth(ctx, project, upstream, token_url)
-    started = time.monotonic()
-    burst = await asyncio.gather(*(served.get("/proxy/secured/v1/data", project.token) for _ in range(20)))
-    elapsed = time.monotonic() - started
-    messages = {assert_service_error(response, 502) for response in burst}
-    assert len(messages) == 1
-    assert secret not in messages.pop()
-    assert elapsed < 1.5
-    assert (len(dials.to(closed)) if fault == "refused" else token_endpoint.calls) == 1
+    for fault in ("refused", "hangs", "status 500", "malformed JSON"):
+        async with run_token_endpoint() as endpoint:
+            endpoint.hang = fault == "hangs"
+            endpoint.status = 500 if fault == "status 500" else 200
+            endpoint.malformed = fault == "malformed JSON"
+            closed = free_port()
+            token_url = f"http://127.0.0.1:{closed}/oauth/token" if fault == "refused" else endpoint.url
+            provider = "secured-" + fault.split()[0].lower()
+            secret = await add_oauth(ctx, project, upstream, token_url, provider)
+            started = time.monotonic()
+            burst = await asyncio.gather(*(served.get(f"/proxy/{provider}/v1/data", project.token) for _ in range(20)))
+            elapsed = time.monotonic() - started
+            messages = {assert_service_error(response, 502) for response in burst}
+            assert len(messages) == 1, fault
+            assert secret not in messages.pop(), fault
+            assert elapsed < 1.5, fault
+            assert (len(dials.to(closed)) if fault == "refused" else endpoint.calls) == 1, fault
     assert upstream.received == []
 
 
@@ -774,36 +773,15 @@ async def test_ft18_a_token_said_to_expire_at_once_is_not_kept(
 # `credgate serve` as a process: memory, signals and crashes
 
 
-@dataclass
-class Process:
-    """A real `credgate serve` (SQLite in its own data dir), and a context on the same database for set-up."""
-
-    popen: "subprocess.Popen[bytes]"
-    running: RunningGateway
-    ctx: Context
-
-    @property
-    def url(self) -> str:
-        return self.running.url
-
-    async def add_project(self, provider: str, base_url: str) -> str:
-        """A project with a custom integration `provider` at `base_url` allowing everything; returns its token."""
-        created, token = await projects.create_project(self.ctx, name=provider, actor="t")
-        await add_custom(self.ctx, Project(created.id, token, ""), provider, base_url)
-        return token
-
-
-@asynccontextmanager
-async def credgate_serve(tmp_path: Path, data: str = "data") -> AsyncIterator[Process]:
-    popen, running = start_gateway(tmp_path / data, tmp_path / f"{data}.log")
+async def add_served_project(data_dir: Path, provider: str, base_url: str) -> str:
+    """A project of the `credgate serve` on `data_dir`, with a custom integration allowing everything; its token."""
+    ctx = await open_context(Settings(data_dir=data_dir, allow_private_upstreams=True))
     try:
-        ctx = await open_context(Settings(data_dir=tmp_path / data, allow_private_upstreams=True))
-        try:
-            yield Process(popen, running, ctx)
-        finally:
-            await ctx.database.dispose()
+        created, token = await projects.create_project(ctx, name=provider, actor="t")
+        await add_custom(ctx, Project(created.id, token, ""), provider, base_url)
     finally:
-        stop_gateway(popen, running)
+        await ctx.database.dispose()
+    return token
 
 
 async def raw_request(url: str, head: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, bytes]:
@@ -858,25 +836,36 @@ async def test_ft09_a_client_that_stops_reading_stops_the_upstream_and_the_gatew
 # FT-15 graceful restart
 
 
-async def test_ft15_on_sigterm_new_connections_are_refused_streams_in_flight_finish_and_the_exit_is_0(
+async def test_ft15_on_sigterm_the_listener_closes_streams_finish_within_the_drain_then_are_cut_and_the_exit_is_0(
     tmp_path: Path, upstream: Upstream
 ) -> None:
-    """There is no drain limit yet (CREDGATE_DRAIN_SECONDS is to come): streams in flight finish however long."""
-    async with credgate_serve(tmp_path) as served:
-        token = await served.add_project("stand-in", upstream.url)
-        async with httpx.AsyncClient(headers=bearer(token), timeout=10) as client:
-            url = f"{served.url}/proxy/stand-in/sse?n=20&delay=0.05"
-            async with client.stream("GET", url) as response:
-                lines = response.aiter_lines()
-                events = [await anext(lines)]
-                served.popen.send_signal(signal.SIGTERM)
+    drain = 2.0
+    popen, running = start_gateway(tmp_path / "data", tmp_path / "gateway.log", {"CREDGATE_DRAIN_SECONDS": str(drain)})
+    try:
+        token = await add_served_project(tmp_path / "data", "stand-in", upstream.url)
+        async with httpx.AsyncClient(base_url=running.url, headers=bearer(token), timeout=10) as client:
+            sse = "/proxy/stand-in/sse?delay=0.05&n="
+            async with client.stream("GET", f"{sse}10") as short, client.stream("GET", f"{sse}100000") as endless:
+                short_lines, endless_lines = short.aiter_lines(), endless.aiter_lines()
+                events = [await anext(short_lines), await anext(endless_lines)]
+                popen.send_signal(signal.SIGTERM)
+                signalled = time.monotonic()
                 await asyncio.sleep(0.3)
-                with pytest.raises(httpx.ConnectError):
-                    await httpx.AsyncClient().get(f"{served.url}/healthz")
-                events += [line async for line in lines]
-        exit_code = await asyncio.to_thread(served.popen.wait, 10)
-    assert sum(line.startswith("data: ") for line in events) == 20
+                with pytest.raises(httpx.ConnectError):  # not ready: nothing new is accepted
+                    await httpx.AsyncClient().get(f"{running.url}/readyz")
+                events += [line async for line in short_lines]  # finishes within the drain
+                with pytest.raises(httpx.RemoteProtocolError):  # cut at its end, never completed
+                    async for _ in endless_lines:
+                        pass
+                cut = time.monotonic() - signalled
+        exit_code = await asyncio.to_thread(popen.wait, 10)
+        exited = time.monotonic() - signalled
+    finally:
+        stop_gateway(popen, running)
+    assert sum(line.startswith("data: ") for line in events) == 11  # the short stream's 10, the endless one's first
+    assert drain <= cut < drain + 1
     assert exit_code == 0
+    assert exited < drain + 1
 
 
 # FT-16 crash durability
