@@ -16,7 +16,10 @@ from credgate.services.context import CHANGE_MARKER, Context
 from credgate.services.projects import PROJECT_TOKEN_PREFIX
 from credgate.services.provider_keys import open_provider_key
 from credgate.specs import AuthSpec, Endpoint
+from credgate.storage import ResolvedRow, StorageUnavailable
 from credgate.storage.models import Integration
+
+LOOKUP_TIMEOUT_SECONDS = 2.0
 
 logger = logging.getLogger(__name__)
 _auth_adapter: TypeAdapter[AuthSpec] = TypeAdapter(AuthSpec)
@@ -78,8 +81,7 @@ async def resolve_access(ctx: Context, *, token: str, provider: str) -> Access |
         if token_hash in cache.unknown:
             return None
         generation = cache.generation
-        async with ctx.database.transaction(write=False) as repo:
-            row = await repo.resolve(token_hash=token_hash, provider=provider)
+        row = await _bounded_lookup(ctx, token_hash=token_hash, provider=provider)
         if row.token is None:
             cache.store_unknown(token_hash, generation=generation)
             return None
@@ -96,6 +98,25 @@ async def resolve_access(ctx: Context, *, token: str, provider: str) -> Access |
     if cached.token_expires_at is not None and cached.token_expires_at <= ctx.clock():
         return None
     return cached
+
+
+async def _bounded_lookup(ctx: Context, *, token_hash: str, provider: str) -> ResolvedRow:
+    """The lookup's query, given at most LOOKUP_TIMEOUT_SECONDS: a database that hangs turns into a quick 503.
+
+    Waited for without cancelling it on the spot: cancelling a query on a hung connection waits on that connection
+    again (to roll back), so the lookup is left to end in the background, holding one pooled connection."""
+
+    async def lookup() -> ResolvedRow:
+        async with ctx.database.transaction(write=False) as repo:
+            return await repo.resolve(token_hash=token_hash, provider=provider)
+
+    task = asyncio.ensure_future(lookup())
+    done, _ = await asyncio.wait({task}, timeout=LOOKUP_TIMEOUT_SECONDS)
+    if not done:
+        task.cancel()
+        task.add_done_callback(lambda finished: finished.cancelled() or finished.exception())
+        raise StorageUnavailable("the database did not answer the lookup in time")
+    return task.result()
 
 
 async def follow_changes(ctx: Context, *, interval: float) -> None:
