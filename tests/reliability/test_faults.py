@@ -58,6 +58,7 @@ from tests.upstream import (
 LATE = 0.4
 SSE_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
 ENVELOPE_HEADER = "x-credgate-error"
+CHAT = {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}
 
 
 def bearer(token: str) -> dict[str, str]:
@@ -207,8 +208,9 @@ async def test_ft01_a_dns_lookup_that_never_answers_ends_at_the_integration_time
 async def test_ft02_a_connect_that_never_completes_is_a_504_at_the_timeout_and_its_socket_is_closed(
     served: Served, ctx: Context, project: Project, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """An address that drops SYNs, stood in for at the event loop's connect (this suite changes no firewall):
-    the connect waits, the integration's `timeout_seconds` ends it, and the socket is released."""
+    """An address that drops SYNs, stood in for at the event loop's connect (this suite changes no firewall, and
+    loopback answers every SYN): the integration's `timeout_seconds` ends the wait, and the socket is released.
+    credgate has no connect timeout of its own below that one (the catalogue's 5 s)."""
     loop = asyncio.get_running_loop()
     connect = loop.sock_connect
     blackhole = free_port()
@@ -389,6 +391,55 @@ async def test_ft08_clients_leaving_before_the_headers_free_every_upstream_conne
         assert await eventually(lambda: len(asyncio.all_tasks()) <= baseline, within=1.0)
 
 
+# FT-09 slow reader
+
+
+async def raw_request(url: str, head: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, bytes]:
+    """Send a request head as written; returns the connection and the response head."""
+    host, port = url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(head.encode())
+    return reader, writer, await reader.readuntil(b"\r\n\r\n")
+
+
+async def settled(read: Any, *, quiet: float = 0.5, within: float = 10.0) -> int:
+    """`read()` once it has stopped changing for `quiet` seconds."""
+    deadline = time.monotonic() + within
+    last = read()
+    while time.monotonic() < deadline:
+        await asyncio.sleep(quiet)
+        if read() == last:
+            return int(last)
+        last = read()
+    raise AssertionError(f"still changing after {within} s")
+
+
+def rss_kib() -> int:
+    """This process's resident memory: the gateway's, and the stand-in's and the client's too."""
+    status = Path("/proc/self/status").read_text()
+    return int(next(line for line in status.splitlines() if line.startswith("VmRSS:")).split()[1])
+
+
+async def test_ft09_a_client_that_stops_reading_stops_the_upstream_and_the_gateway_holds_little(
+    served: Served, ctx: Context, project: Project
+) -> None:
+    """Flow control reaches the upstream: it stops writing, and memory does not grow by what it could send.
+    (No write-idle timeout ends such a stream: the client holds it until it leaves.)"""
+    async with run_catalogue_upstream() as catalogue:
+        await add_custom(ctx, project, "flood", catalogue.url)
+        assert (await served.get("/proxy/flood/flood?mib=4", project.token)).status_code == 200  # warm
+        before, catalogue.flooded = rss_kib(), 0
+        head = f"GET /proxy/flood/flood?mib=512 HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer {project.token}\r\n\r\n"
+        _reader, writer, answered = await raw_request(served.url, head)
+        assert answered.startswith(b"HTTP/1.1 200 ")
+        held = await settled(lambda: catalogue.flooded)  # the client reads nothing more
+        growth = rss_kib() - before
+        writer.transport.abort()
+        assert await eventually(lambda: catalogue.active == 0, within=1.0)  # the upstream released
+    assert held < 64 * 1024 * 1024  # socket buffers on both sides, not the 512 MiB offered
+    assert growth < 8 * 1024, f"RSS grew by {growth} KiB"
+
+
 # FT-10 upstream errors pass through, and release their connections
 
 
@@ -540,7 +591,6 @@ async def relayed(
             await ctx.database.dispose()
 
 
-CHAT = {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}
 POSTGRES_BEHIND_A_RELAY = pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
 
 
@@ -572,19 +622,37 @@ async def test_ft12_while_the_database_refuses_unknown_tokens_and_writes_get_503
     assert sorted(item["id"] for item in listed.json()["items"]) == sorted([relayed.warm.id, relayed.cold.id])
 
 
-@POSTGRES_BEHIND_A_RELAY
-async def test_ft12_while_the_database_hangs_an_unknown_token_gets_503_in_bounded_time(relayed: Relayed) -> None:
-    relayed.relay.hang()
-    stale = await relayed.chat(relayed.warm)
+async def within(seconds: float, call: Any, what: str) -> tuple[httpx.Response, float]:
+    """The response to `call` and the time it took, failing the test if none comes within `seconds`."""
     started = time.monotonic()
     try:
-        unknown = await asyncio.wait_for(relayed.chat(relayed.cold), 4)
+        response = await asyncio.wait_for(call, seconds)
     except TimeoutError:
-        pytest.fail("no answer within 4 s while the database hangs (no connect or statement timeout)")
-    elapsed = time.monotonic() - started
+        pytest.fail(f"{what}: no answer within {seconds} s while the database hangs")
+    return response, time.monotonic() - started
+
+
+@POSTGRES_BEHIND_A_RELAY
+async def test_ft12_while_the_database_hangs_unknown_tokens_and_writes_get_503_in_bounded_time(
+    relayed: Relayed,
+) -> None:
+    """The catalogue's bound is a 2 s database timeout; a second more is allowed here."""
+    relayed.relay.hang()
+    stale = await relayed.chat(relayed.warm)
+    unknown, unknown_took = await within(4, relayed.chat(relayed.cold), "a proxy request with an unknown token")
+    ready, ready_took = await within(4, relayed.http.get("/readyz"), "/readyz")
+    write = relayed.http.post("/api/v1/projects", json={"name": "lost"}, headers=bearer(relayed.admin_token))
+    written, write_took = await within(4, write, "an admin write")
     assert stale.status_code == 200
     assert_service_error(unknown, 503)
-    assert elapsed < 3  # the catalogue's 2 s database timeout, plus a second
+    assert ready.status_code == 503
+    assert_service_error(written, 503)
+    assert max(unknown_took, ready_took, write_took) < 3
+    relayed.relay.restore()
+    deadline = time.monotonic() + 5
+    while (await relayed.chat(relayed.cold)).status_code != 200:
+        assert time.monotonic() < deadline, "not serving again within 5 s of the database's return"
+        await asyncio.sleep(0.1)
 
 
 # FT-13 key rotation with requests in flight
@@ -636,141 +704,7 @@ async def test_ft14_after_a_revocation_new_requests_fail_at_once_and_open_stream
     assert [(response.status_code, response.content.count(b"data: ")) for response in finished] == [(200, 10)] * 3
 
 
-# FT-17 hostile upstream responses
-
-
-async def test_ft17_an_invalid_status_line_before_any_byte_reached_the_client_is_a_502(
-    gateway_url: str, ctx: Context, project: Project
-) -> None:
-    async with run_raw_upstream([b"HTTP/1.1 abc Whatever\r\n\r\n"]) as raw:
-        await add_custom(ctx, project, "raw", raw.url)
-        async with httpx.AsyncClient() as client:
-            response = await client.get(
-                f"{gateway_url}/proxy/raw/x", headers={"Authorization": f"Bearer {project.token}"}
-            )
-            again = await client.get(f"{gateway_url}/healthz")  # same keep-alive connection: not desynchronised
-    assert response.status_code == 502
-    assert response.headers["x-credgate-error"] == "true"
-    assert again.status_code == 200
-
-
-HOSTILE_HEADS = {
-    "128 KiB of headers": b"HTTP/1.1 200 OK\r\nX-Big: " + b"a" * 131072 + b"\r\nContent-Length: 0\r\n\r\n",
-    "10,000 headers": b"HTTP/1.1 200 OK\r\n"
-    + b"".join(b"X-H%d: v\r\n" % index for index in range(10_000))
-    + b"Content-Length: 0\r\n\r\n",
-    "HTTP/0.9 garbage": b"<html>no status line, no headers</html>\n",
-    "Content-Length with chunked": b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n"
-    + chunk(b"hello")
-    + b"0\r\n\r\n",
-}
-
-
-async def test_ft17_a_protocol_violation_before_any_byte_is_a_502_and_the_client_connection_stays_in_sync(
-    served: Served, ctx: Context, project: Project
-) -> None:
-    for number, (hostile, head) in enumerate(HOSTILE_HEADS.items()):
-        async with run_raw_upstream([head]) as raw:
-            await add_custom(ctx, project, f"hostile{number}", raw.url)
-            response = await served.get(f"/proxy/hostile{number}/x", project.token)
-            again = await served.http.get(f"{served.url}/healthz")  # the same keep-alive connection
-        assert (response.status_code, response.headers.get(ENVELOPE_HEADER)) == (502, "true"), hostile
-        assert again.status_code == 200, hostile
-    assert served.proxy.in_flight == 0
-
-
-# FT-18 OAuth token endpoint faults
-
-
-@pytest.fixture
-async def token_endpoint() -> AsyncIterator[TokenEndpoint]:
-    async with run_token_endpoint() as endpoint:
-        yield endpoint
-
-
-async def add_oauth(
-    ctx: Context, project: Project, upstream: Upstream, token_url: str, provider: str = "secured"
-) -> str:
-    """A custom integration whose key is an OAuth 2.0 client secret; returns the secret."""
-    secret = "oauth-ft18-" + secrets.token_urlsafe(16)
-    SWEEP.register(secret)
-    auth = OAuth2ClientCredentialsAuth(method="oauth2_client_credentials", token_url=token_url, client_id="cg")
-    await integrations.add_custom_integration(
-        ctx,
-        project_id=project.id,
-        provider=provider,
-        base_url=f"{upstream.url}/echo",
-        api_key=secret,
-        auth=auth,
-        actor="t",
-    )
-    everything = [Endpoint(method="*", path="**")]
-    await integrations.set_endpoints(ctx, project_id=project.id, provider=provider, endpoints=everything, actor="t")
-    return secret
-
-
-async def test_ft18_a_failing_token_endpoint_is_a_502_without_the_secret_and_is_not_hammered(
-    served: Served,
-    ctx: Context,
-    project: Project,
-    upstream: Upstream,
-    dials: Dials,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """A burst finds the endpoint refusing connections, hanging, answering 500 or answering garbage: one call,
-    its failure shared and kept for a pause. (A 401 refusal is
-    test_a_refused_fetch_is_a_clear_502_without_the_secret_and_is_not_retried_at_once.) The token endpoint's
-    timeout (30 s, not a setting) is scaled down here by hand."""
-    monkeypatch.setattr(oauth, "_FETCH_TIMEOUT", aiohttp.ClientTimeout(total=0.5))
-    for fault in ("refused", "hangs", "status 500", "malformed JSON"):
-        async with run_token_endpoint() as endpoint:
-            endpoint.hang = fault == "hangs"
-            endpoint.status = 500 if fault == "status 500" else 200
-            endpoint.malformed = fault == "malformed JSON"
-            closed = free_port()
-            token_url = f"http://127.0.0.1:{closed}/oauth/token" if fault == "refused" else endpoint.url
-            provider = "secured-" + fault.split()[0].lower()
-            secret = await add_oauth(ctx, project, upstream, token_url, provider)
-            started = time.monotonic()
-            burst = await asyncio.gather(*(served.get(f"/proxy/{provider}/v1/data", project.token) for _ in range(20)))
-            elapsed = time.monotonic() - started
-            messages = {assert_service_error(response, 502) for response in burst}
-            assert len(messages) == 1, fault
-            assert secret not in messages.pop(), fault
-            assert elapsed < 1.5, fault
-            assert (len(dials.to(closed)) if fault == "refused" else endpoint.calls) == 1, fault
-    assert upstream.received == []
-
-
-async def test_ft18_a_hundred_requests_finding_the_token_due_share_one_renewal(
-    served: Served, ctx: Context, project: Project, upstream: Upstream, token_endpoint: TokenEndpoint
-) -> None:
-    """A renewal under load (the first fetch, shared by a burst, is
-    test_many_requests_at_once_share_one_fetch_and_later_ones_the_cached_token)."""
-    token_endpoint.lifetime = 4  # renewed in its last two seconds
-    await add_oauth(ctx, project, upstream, token_endpoint.url)
-    assert (await served.get("/proxy/secured/v1/data", project.token)).status_code == 200
-    await asyncio.sleep(2.05)
-    burst = await asyncio.gather(*(served.get("/proxy/secured/v1/data", project.token) for _ in range(100)))
-    assert {response.status_code for response in burst} == {200}
-    assert token_endpoint.calls == 2
-    assert {received.header("authorization") for received in upstream.received[1:]} == {"Bearer access-2"}
-
-
-async def test_ft18_a_token_said_to_expire_at_once_is_not_kept(
-    served: Served, ctx: Context, project: Project, upstream: Upstream, token_endpoint: TokenEndpoint
-) -> None:
-    """`expires_in: 0` (RFC 6749 section 5.1: the token's lifetime in seconds) is not an absent lifetime."""
-    token_endpoint.lifetime = 0
-    await add_oauth(ctx, project, upstream, token_endpoint.url)
-    for _ in range(2):
-        assert (await served.get("/proxy/secured/v1/data", project.token)).status_code == 200
-        await asyncio.sleep(0.1)
-    assert token_endpoint.calls == 2
-    assert upstream.last.header("authorization") == "Bearer access-2"
-
-
-# `credgate serve` as a process: memory, signals and crashes
+# FT-15 graceful restart
 
 
 async def add_served_project(data_dir: Path, provider: str, base_url: str) -> str:
@@ -782,58 +716,6 @@ async def add_served_project(data_dir: Path, provider: str, base_url: str) -> st
     finally:
         await ctx.database.dispose()
     return token
-
-
-async def raw_request(url: str, head: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, bytes]:
-    """Send a request head as written; returns the connection and the response head."""
-    host, port = url.removeprefix("http://").split(":")
-    reader, writer = await asyncio.open_connection(host, int(port))
-    writer.write(head.encode())
-    return reader, writer, await reader.readuntil(b"\r\n\r\n")
-
-
-async def settled(read: Any, *, quiet: float = 0.5, within: float = 10.0) -> int:
-    """`read()` once it has stopped changing for `quiet` seconds."""
-    deadline = time.monotonic() + within
-    last = read()
-    while time.monotonic() < deadline:
-        await asyncio.sleep(quiet)
-        if read() == last:
-            return int(last)
-        last = read()
-    raise AssertionError(f"still changing after {within} s")
-
-
-# FT-09 slow reader
-
-
-def rss_kib() -> int:
-    """This process's resident memory: the gateway's, and the stand-in's and the client's too."""
-    status = Path("/proc/self/status").read_text()
-    return int(next(line for line in status.splitlines() if line.startswith("VmRSS:")).split()[1])
-
-
-async def test_ft09_a_client_that_stops_reading_stops_the_upstream_and_the_gateway_holds_little(
-    served: Served, ctx: Context, project: Project
-) -> None:
-    """Flow control reaches the upstream: it stops writing, and memory does not grow by what it could send.
-    (No write-idle timeout ends such a stream: the client holds it until it leaves.)"""
-    async with run_catalogue_upstream() as catalogue:
-        await add_custom(ctx, project, "flood", catalogue.url)
-        assert (await served.get("/proxy/flood/flood?mib=4", project.token)).status_code == 200  # warm
-        before, catalogue.flooded = rss_kib(), 0
-        head = f"GET /proxy/flood/flood?mib=512 HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer {project.token}\r\n\r\n"
-        _reader, writer, answered = await raw_request(served.url, head)
-        assert answered.startswith(b"HTTP/1.1 200 ")
-        held = await settled(lambda: catalogue.flooded)  # the client reads nothing more
-        growth = rss_kib() - before
-        writer.transport.abort()
-        assert await eventually(lambda: catalogue.active == 0, within=1.0)  # the upstream released
-    assert held < 64 * 1024 * 1024  # socket buffers on both sides, not the 512 MiB offered
-    assert growth < 8 * 1024, f"RSS grew by {growth} KiB"
-
-
-# FT-15 graceful restart
 
 
 async def test_ft15_on_sigterm_the_listener_closes_streams_finish_within_the_drain_then_are_cut_and_the_exit_is_0(
@@ -953,7 +835,47 @@ async def verify_acknowledged_writes(http: httpx.AsyncClient, upstream: Upstream
             assert used in {f"Bearer {key}" for key in later}  # the last acknowledged key, or a later one
 
 
-# FT-17 (memory): a huge body for a non-streaming call
+# FT-17 hostile upstream responses
+
+
+async def test_ft17_an_invalid_status_line_before_any_byte_reached_the_client_is_a_502(
+    gateway_url: str, ctx: Context, project: Project
+) -> None:
+    async with run_raw_upstream([b"HTTP/1.1 abc Whatever\r\n\r\n"]) as raw:
+        await add_custom(ctx, project, "raw", raw.url)
+        async with httpx.AsyncClient() as client:
+            response = await client.get(
+                f"{gateway_url}/proxy/raw/x", headers={"Authorization": f"Bearer {project.token}"}
+            )
+            again = await client.get(f"{gateway_url}/healthz")  # same keep-alive connection: not desynchronised
+    assert response.status_code == 502
+    assert response.headers["x-credgate-error"] == "true"
+    assert again.status_code == 200
+
+
+HOSTILE_HEADS = {
+    "128 KiB of headers": b"HTTP/1.1 200 OK\r\nX-Big: " + b"a" * 131072 + b"\r\nContent-Length: 0\r\n\r\n",
+    "10,000 headers": b"HTTP/1.1 200 OK\r\n"
+    + b"".join(b"X-H%d: v\r\n" % index for index in range(10_000))
+    + b"Content-Length: 0\r\n\r\n",
+    "HTTP/0.9 garbage": b"<html>no status line, no headers</html>\n",
+    "Content-Length with chunked": b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n"
+    + chunk(b"hello")
+    + b"0\r\n\r\n",
+}
+
+
+async def test_ft17_a_protocol_violation_before_any_byte_is_a_502_and_the_client_connection_stays_in_sync(
+    served: Served, ctx: Context, project: Project
+) -> None:
+    for number, (hostile, head) in enumerate(HOSTILE_HEADS.items()):
+        async with run_raw_upstream([head]) as raw:
+            await add_custom(ctx, project, f"hostile{number}", raw.url)
+            response = await served.get(f"/proxy/hostile{number}/x", project.token)
+            again = await served.http.get(f"{served.url}/healthz")  # the same keep-alive connection
+        assert (response.status_code, response.headers.get(ENVELOPE_HEADER)) == (502, "true"), hostile
+        assert again.status_code == 200, hostile
+    assert served.proxy.in_flight == 0
 
 
 async def test_ft17_a_huge_response_body_streams_through_without_growing_the_gateway(
@@ -973,3 +895,94 @@ async def test_ft17_a_huge_response_body_streams_through_without_growing_the_gat
                     peak = max(peak, rss_kib())
     assert received == 64 * 1024 * 1024
     assert peak - before < 8 * 1024, f"RSS grew by {peak - before} KiB"
+
+
+# FT-18 OAuth token endpoint faults
+
+
+@pytest.fixture
+async def token_endpoint() -> AsyncIterator[TokenEndpoint]:
+    async with run_token_endpoint() as endpoint:
+        yield endpoint
+
+
+async def add_oauth(
+    ctx: Context, project: Project, upstream: Upstream, token_url: str, provider: str = "secured"
+) -> str:
+    """A custom integration whose key is an OAuth 2.0 client secret; returns the secret."""
+    secret = "oauth-ft18-" + secrets.token_urlsafe(16)
+    SWEEP.register(secret)
+    auth = OAuth2ClientCredentialsAuth(method="oauth2_client_credentials", token_url=token_url, client_id="cg")
+    await integrations.add_custom_integration(
+        ctx,
+        project_id=project.id,
+        provider=provider,
+        base_url=f"{upstream.url}/echo",
+        api_key=secret,
+        auth=auth,
+        actor="t",
+    )
+    everything = [Endpoint(method="*", path="**")]
+    await integrations.set_endpoints(ctx, project_id=project.id, provider=provider, endpoints=everything, actor="t")
+    return secret
+
+
+async def test_ft18_a_failing_token_endpoint_is_a_502_without_the_secret_and_is_not_hammered(
+    served: Served,
+    ctx: Context,
+    project: Project,
+    upstream: Upstream,
+    dials: Dials,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A burst finds the endpoint refusing connections, hanging, answering 500 or answering garbage: one call,
+    its failure shared and kept for a pause. (A 401 refusal is
+    test_a_refused_fetch_is_a_clear_502_without_the_secret_and_is_not_retried_at_once.) The token endpoint's
+    timeout (30 s, not a setting) is scaled down here by hand."""
+    monkeypatch.setattr(oauth, "_FETCH_TIMEOUT", aiohttp.ClientTimeout(total=0.5))
+    for fault in ("refused", "hangs", "status 500", "malformed JSON"):
+        async with run_token_endpoint() as endpoint:
+            endpoint.hang = fault == "hangs"
+            endpoint.status = 500 if fault == "status 500" else 200
+            endpoint.malformed = fault == "malformed JSON"
+            closed = free_port()
+            token_url = f"http://127.0.0.1:{closed}/oauth/token" if fault == "refused" else endpoint.url
+            provider = "secured-" + fault.split()[0].lower()
+            secret = await add_oauth(ctx, project, upstream, token_url, provider)
+            started = time.monotonic()
+            burst = await asyncio.gather(*(served.get(f"/proxy/{provider}/v1/data", project.token) for _ in range(20)))
+            elapsed = time.monotonic() - started
+            messages = {assert_service_error(response, 502) for response in burst}
+            assert len(messages) == 1, fault
+            assert secret not in messages.pop(), fault
+            assert elapsed < 1.5, fault
+            assert (len(dials.to(closed)) if fault == "refused" else endpoint.calls) == 1, fault
+    assert upstream.received == []
+
+
+async def test_ft18_a_hundred_requests_finding_the_token_due_share_one_renewal(
+    served: Served, ctx: Context, project: Project, upstream: Upstream, token_endpoint: TokenEndpoint
+) -> None:
+    """A renewal under load (the first fetch, shared by a burst, is
+    test_many_requests_at_once_share_one_fetch_and_later_ones_the_cached_token)."""
+    token_endpoint.lifetime = 4  # renewed in its last two seconds
+    await add_oauth(ctx, project, upstream, token_endpoint.url)
+    assert (await served.get("/proxy/secured/v1/data", project.token)).status_code == 200
+    await asyncio.sleep(2.05)
+    burst = await asyncio.gather(*(served.get("/proxy/secured/v1/data", project.token) for _ in range(100)))
+    assert {response.status_code for response in burst} == {200}
+    assert token_endpoint.calls == 2
+    assert {received.header("authorization") for received in upstream.received[1:]} == {"Bearer access-2"}
+
+
+async def test_ft18_a_token_said_to_expire_at_once_is_not_kept(
+    served: Served, ctx: Context, project: Project, upstream: Upstream, token_endpoint: TokenEndpoint
+) -> None:
+    """`expires_in: 0` (RFC 6749 section 5.1: the token's lifetime in seconds) is not an absent lifetime."""
+    token_endpoint.lifetime = 0
+    await add_oauth(ctx, project, upstream, token_endpoint.url)
+    for _ in range(2):
+        assert (await served.get("/proxy/secured/v1/data", project.token)).status_code == 200
+        await asyncio.sleep(0.1)
+    assert token_endpoint.calls == 2
+    assert upstream.last.header("authorization") == "Bearer access-2"
