@@ -69,14 +69,15 @@ def start_gateway(
         )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"credgate serve exited with {process.returncode}: {log.read_text()}")
-        try:
-            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                return process, RunningGateway(url=url, env=env, log=log)
-        except httpx.TransportError:
-            time.sleep(0.05)
+    with httpx.Client(timeout=1) as probe:  # one client: each new one loads the CA bundle, a tenth of a second
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise RuntimeError(f"credgate serve exited with {process.returncode}: {log.read_text()}")
+            try:
+                if probe.get(f"{url}/healthz").status_code == 200:
+                    return process, RunningGateway(url=url, env=env, log=log)
+            except httpx.TransportError:
+                time.sleep(0.05)
     process.kill()
     raise RuntimeError(f"credgate serve did not answer in time: {log.read_text()}")
 
