@@ -5,10 +5,13 @@ from typing import Any
 
 import sqlalchemy as sa
 from alembic import command
+from alembic.autogenerate import compare_metadata
 from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
 from sqlalchemy.ext.asyncio import AsyncConnection, create_async_engine
 
 from credgate.storage.database import MIGRATIONS_DIR
+from credgate.storage.models import Base
 
 NOW = datetime(2025, 1, 1, tzinfo=UTC)
 PROJECTS = sa.table(
@@ -66,5 +69,21 @@ async def test_0004_gives_integrations_that_exist_a_stream_idle_timeout_of_300(
             await connection.run_sync(_migrate, "0003", down=True)
             assert "stream_idle_timeout_seconds" not in await _columns(connection)
             assert (await connection.execute(sa.text("SELECT id FROM integrations"))).all() == [("int_1",)]
+    finally:
+        await engine.dispose()
+
+
+async def test_the_models_are_what_the_migrations_make(database: tuple[str, dict[str, Any]]) -> None:
+    """A model changed without a migration (or the other way round) shows here, columns and defaults alike."""
+    engine = create_async_engine(database[0], connect_args=database[1])
+    try:
+        async with engine.begin() as connection:
+            await connection.run_sync(_migrate, "head")
+            differences = await connection.run_sync(
+                lambda sync: compare_metadata(
+                    MigrationContext.configure(sync, opts={"compare_server_default": True}), Base.metadata
+                )
+            )
+        assert differences == []
     finally:
         await engine.dispose()
