@@ -639,10 +639,12 @@ async def test_ft12_while_the_database_hangs_unknown_tokens_and_writes_get_503_i
     """The catalogue's bound is a 2 s database timeout; a second more is allowed here."""
     relayed.relay.hang()
     stale = await relayed.chat(relayed.warm)
-    unknown, unknown_took = await within(4, relayed.chat(relayed.cold), "a proxy request with an unknown token")
-    ready, ready_took = await within(4, relayed.http.get("/readyz"), "/readyz")
     write = relayed.http.post("/api/v1/projects", json={"name": "lost"}, headers=bearer(relayed.admin_token))
-    written, write_took = await within(4, write, "an admin write")
+    (unknown, unknown_took), (ready, ready_took), (written, write_took) = await asyncio.gather(
+        within(4, relayed.chat(relayed.cold), "a proxy request with an unknown token"),
+        within(4, relayed.http.get("/readyz"), "/readyz"),
+        within(4, write, "an admin write"),
+    )
     assert stale.status_code == 200
     assert_service_error(unknown, 503)
     assert ready.status_code == 503

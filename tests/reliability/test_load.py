@@ -293,10 +293,10 @@ async def test_ls07_a_slow_upstream_gets_at_most_the_pool_and_waiting_requests_e
 async def test_ls08_key_and_token_rotations_under_load_fail_no_request_and_no_request_carries_an_old_key(
     served: Served, ctx: Context, project: Project, upstream: Upstream
 ) -> None:
-    """Ten key rotations and a token rotation (with grace) during a second of calls, 10 at a time: every call
-    succeeds, and each carries the key current when it started or a newer one."""
+    """Ten key rotations and a token rotation (with grace: both tokens in use after it) during a second of calls,
+    10 at a time: every call succeeds, and each carries the key current when it started or a newer one."""
     await add_custom(ctx, project, "stand-in", upstream.url)
-    keys = [upstream.url]  # index 0: the key add_custom set, learned from the first call below
+    keys: list[str] = []  # in the order they were set; the first is add_custom's, learned from a first call
     rotated_at: list[float] = [0.0]
     started: dict[str, float] = {}
     tokens = [project.token]
@@ -305,7 +305,7 @@ async def test_ls08_key_and_token_rotations_under_load_fail_no_request_and_no_re
     async def call(index: int) -> None:
         started[str(index)] = time.monotonic()
         url = f"{served.url}/proxy/stand-in/echo/{index}"
-        async with served.http.get(url, headers=bearer(tokens[-1])) as response:
+        async with served.http.get(url, headers=bearer(tokens[index % len(tokens)])) as response:
             if response.status != 200:
                 failures.append(response.status)
             await response.read()
@@ -317,7 +317,7 @@ async def test_ls08_key_and_token_rotations_under_load_fail_no_request_and_no_re
             await asyncio.gather(*(call(index * 10 + lane) for lane in range(10)))
 
     await call(-1)
-    keys[0] = str(upstream.last.header("authorization")).removeprefix("Bearer ")
+    keys.append(str(upstream.last.header("authorization")).removeprefix("Bearer "))
     running = asyncio.create_task(load(time.monotonic() + 1.0))
     for rotation in range(10):
         await asyncio.sleep(0.09)
