@@ -57,7 +57,9 @@ async def _check_upstream(ctx: Context, base_url: str | None, auth: AuthSpec | N
 
 async def require_integration(repo: Repository, project_id: str, provider: str) -> Integration:
     await require_project(repo, project_id)
-    integration = await repo.get_integration(project_id, provider) if PROVIDER_NAME.fullmatch(provider) else None
+    if not PROVIDER_NAME.fullmatch(provider):
+        raise NotFound(f"project {project_id} has no such integration")  # the name is not quoted: see require_project
+    integration = await repo.get_integration(project_id, provider)
     if integration is None:
         raise NotFound(f"project {project_id} has no integration {provider}")
     return integration

@@ -17,7 +17,9 @@ _DISPLAYED_TOKEN_CHARS = 8  # the prefix plus four random characters: enough to 
 
 
 async def require_project(repo: Repository, project_id: str) -> Project:
-    project = await repo.get_project(project_id) if plausible_id(project_id) else None
+    if not plausible_id(project_id):
+        raise NotFound("no such project")  # not quoted: it could be anything, a key pasted in the wrong place
+    project = await repo.get_project(project_id)
     if project is None:
         raise NotFound(f"project {project_id} not found")
     return project
