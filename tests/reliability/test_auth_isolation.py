@@ -308,8 +308,8 @@ async def test_au05_cross_project_matrix_reaches_only_its_own_upstream(
 
 
 AU06_REQUESTS = 1000  # the catalogue's 100,000 at 500 at once are a benchmark's job; this runs in seconds
-# With the cache cleared every 100 requests, each of these looks its token up at once (lookups of the same token
-# are not shared): at 64 on a loaded 2-core machine, some SQLite lookups outlasted the proxy's 2 s bound (503).
+# With the cache cleared every 100 requests, every request in flight may start a lookup: at 64 on a loaded 2-core
+# machine some SQLite lookups outlasted the proxy's 2 s bound (503s, never a crossing).
 AU06_CONCURRENCY = 32
 
 
