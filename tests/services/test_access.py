@@ -129,6 +129,28 @@ async def test_a_miss_costs_one_query_and_a_hit_none(ctx: Context, statements: l
     assert statements == []
 
 
+async def test_requests_that_miss_the_same_entry_at_once_share_one_query(
+    ctx: Context, statements: list[str]
+) -> None:
+    _, token = await new_project(ctx)
+    statements.clear()
+    found = await asyncio.gather(*(resolve_access(ctx, token=token, provider="openai") for _ in range(50)))
+    assert len([sql for sql in statements if sql.lstrip().upper().startswith("SELECT")]) == 1
+    assert len({id(access) for access in found}) == 1
+    assert ctx.access.loading == {}
+
+
+async def test_a_request_after_a_change_never_joins_a_lookup_begun_before_it(ctx: Context) -> None:
+    project_id, token = await new_project(ctx)
+    before = asyncio.ensure_future(resolve_access(ctx, token=token, provider="openai"))
+    await asyncio.sleep(0)  # the first lookup is under way, reading the old key
+    await set_key(ctx, project_id)
+    after = await resolve_access(ctx, token=token, provider="openai")
+    await before
+    assert after is not None and after.integration is not None and after.integration.credential is not None
+    assert after.integration.credential.reveal() == NEW_KEY
+
+
 Change = Callable[[Context, str], Awaitable[None]]
 
 

@@ -8,6 +8,7 @@ import asyncio
 import logging
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from pydantic import TypeAdapter
 
@@ -16,7 +17,7 @@ from credgate.services.context import CHANGE_MARKER, Context
 from credgate.services.projects import PROJECT_TOKEN_PREFIX
 from credgate.services.provider_keys import open_provider_key
 from credgate.specs import AuthSpec, Endpoint
-from credgate.storage import ResolvedRow, StorageUnavailable
+from credgate.storage import StorageUnavailable
 from credgate.storage.models import Integration
 
 LOOKUP_TIMEOUT_SECONDS = 2.0
@@ -80,19 +81,7 @@ async def resolve_access(ctx: Context, *, token: str, provider: str) -> Access |
     if cached is None:
         if token_hash in cache.unknown:
             return None
-        generation = cache.generation
-        row = await _bounded_lookup(ctx, token_hash=token_hash, provider=provider)
-        if row.token is None:
-            cache.store_unknown(token_hash, generation=generation)
-            return None
-        cached = Access(
-            project_id=row.token.project_id,
-            token_hash=token_hash,
-            token_expires_at=row.token.expires_at,
-            rate_limit_per_minute=row.rate_limit_per_minute,
-            integration=None if row.integration is None else resolved_integration(ctx, row.integration),
-        )
-        cache.store(key, cached, generation=generation)
+        cached = await _shared_lookup(ctx, token_hash=token_hash, provider=provider)
     if not isinstance(cached, Access):
         return None
     if cached.token_expires_at is not None and cached.token_expires_at <= ctx.clock():
@@ -100,23 +89,50 @@ async def resolve_access(ctx: Context, *, token: str, provider: str) -> Access |
     return cached
 
 
-async def _bounded_lookup(ctx: Context, *, token_hash: str, provider: str) -> ResolvedRow:
-    """The lookup's query, given at most LOOKUP_TIMEOUT_SECONDS: a database that hangs turns into a quick 503.
+async def _shared_lookup(ctx: Context, *, token_hash: str, provider: str) -> Access | None:
+    """Look up, open and cache one entry, once for every request that misses it at once; waited for at most
+    LOOKUP_TIMEOUT_SECONDS, so a database that hangs turns into a quick 503 rather than a pile of requests.
 
-    Waited for without cancelling it on the spot: cancelling a query on a hung connection waits on that connection
-    again (to roll back), so the lookup is left to end in the background, holding one pooled connection."""
+    The lookup runs in a task of its own, never cancelled on the spot: cancelling a query on a hung connection
+    waits on that connection again (to roll back). A change starts a new generation, so a request that starts
+    after a change never joins a lookup that began before it."""
+    cache = ctx.access
+    generation = cache.generation
+    key = (token_hash, provider, generation)
+    task = cache.loading.get(key)
+    if task is None:
 
-    async def lookup() -> ResolvedRow:
-        async with ctx.database.transaction(write=False) as repo:
-            return await repo.resolve(token_hash=token_hash, provider=provider)
+        async def lookup() -> Access | None:
+            async with ctx.database.transaction(write=False) as repo:
+                row = await repo.resolve(token_hash=token_hash, provider=provider)
+            if row.token is None:
+                cache.store_unknown(token_hash, generation=generation)
+                return None
+            access = Access(
+                project_id=row.token.project_id,
+                token_hash=token_hash,
+                token_expires_at=row.token.expires_at,
+                rate_limit_per_minute=row.rate_limit_per_minute,
+                integration=None if row.integration is None else resolved_integration(ctx, row.integration),
+            )
+            cache.store((token_hash, provider), access, generation=generation)
+            return access
 
-    task = asyncio.ensure_future(lookup())
+        task = cache.loading[key] = asyncio.ensure_future(lookup())
+        task.add_done_callback(lambda finished: _forget(cache.loading, key, finished))
     done, _ = await asyncio.wait({task}, timeout=LOOKUP_TIMEOUT_SECONDS)
     if not done:
-        task.cancel()
-        task.add_done_callback(lambda finished: finished.cancelled() or finished.exception())
         raise StorageUnavailable("the database did not answer the lookup in time")
-    return task.result()
+    access: Access | None = task.result()
+    return access
+
+
+def _forget(
+    loading: dict[tuple[str, str, int], asyncio.Future[Any]], key: tuple[str, str, int], task: asyncio.Future[Any]
+) -> None:
+    loading.pop(key, None)
+    if not task.cancelled():
+        task.exception()  # retrieved: a failure nobody waited for any more is not reported as lost
 
 
 async def follow_changes(ctx: Context, *, interval: float) -> None:

@@ -1,10 +1,12 @@
 """Context: what every service function needs, built once by `open_context` (the CLI or the app factory)."""
 
+import asyncio
 import secrets
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any
 
 from credgate.catalog import Template
 from credgate.crypto import KeyRing
@@ -41,6 +43,8 @@ class AccessCache:
         self.generation = 0
         self.entries: dict[tuple[str, str], object] = {}
         self.unknown: set[str] = set()
+        # Lookups under way, by (token hash, provider, generation): requests that miss at once share one.
+        self.loading: dict[tuple[str, str, int], asyncio.Future[Any]] = {}
         self.max_entries = max_entries
         self.max_unknown = max_unknown
 
