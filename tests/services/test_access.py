@@ -129,9 +129,7 @@ async def test_a_miss_costs_one_query_and_a_hit_none(ctx: Context, statements: l
     assert statements == []
 
 
-async def test_requests_that_miss_the_same_entry_at_once_share_one_query(
-    ctx: Context, statements: list[str]
-) -> None:
+async def test_requests_that_miss_the_same_entry_at_once_share_one_query(ctx: Context, statements: list[str]) -> None:
     _, token = await new_project(ctx)
     statements.clear()
     found = await asyncio.gather(*(resolve_access(ctx, token=token, provider="openai") for _ in range(50)))
@@ -147,7 +145,10 @@ async def test_a_request_after_a_change_never_joins_a_lookup_begun_before_it(ctx
     await set_key(ctx, project_id)
     after = await resolve_access(ctx, token=token, provider="openai")
     await before
-    assert after is not None and after.integration is not None and after.integration.credential is not None
+    assert observe(after) == observe(await resolve_access(ctx, token=token, provider="openai"))
+    assert after is not None
+    assert after.integration is not None
+    assert after.integration.credential is not None
     assert after.integration.credential.reveal() == NEW_KEY
 
 
