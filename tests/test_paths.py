@@ -2,7 +2,7 @@
 
 import pytest
 
-from credgate.paths import MalformedPath, parse_path, path_matches
+from credgate.paths import MalformedPath, parse_path, path_matches, rebase_path
 
 
 @pytest.mark.parametrize(
@@ -70,3 +70,21 @@ def test_a_well_formed_path_is_decoded_once(raw: str, segments: tuple[str, ...])
 )
 def test_the_allow_list_matches_parsed_segments(pattern: str, raw: str, allowed: bool) -> None:
     assert path_matches(pattern, parse_path(raw)) is allowed
+
+
+@pytest.mark.parametrize(
+    ("pattern", "from_base", "to_base", "rebased"),
+    [
+        ("v1/chat/completions", "https://api.mistral.ai", "https://api.mistral.ai/v1", "chat/completions"),
+        ("chat/completions", "https://api.mistral.ai/v1", "https://api.mistral.ai", "v1/chat/completions"),
+        ("v1/models/*", "https://api.x", "https://api.x/v1/", "models/*"),
+        ("openai/deployments/*/chat/completions", "https://r.openai.azure.com", "https://r.openai.azure.com/openai",
+         "deployments/*/chat/completions"),
+        ("v1/chat/completions", "https://api.mistral.ai", "https://proxy.corp/mistral", "v1/chat/completions"),
+        ("v1", "https://api.x", "https://api.x/v1", "v1"),  # nothing would be left: kept as it is
+    ],
+)  # fmt: skip
+def test_an_endpoint_is_rebased_onto_the_integrations_own_base_path(
+    pattern: str, from_base: str, to_base: str, rebased: str
+) -> None:
+    assert rebase_path(pattern, from_base=from_base, to_base=to_base) == rebased

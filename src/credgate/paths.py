@@ -8,7 +8,7 @@ surrounding spaces removed, and any run of dots counts (Windows servers read `..
 """
 
 import re
-from urllib.parse import unquote_to_bytes
+from urllib.parse import unquote_to_bytes, urlsplit
 
 _BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
 _FORBIDDEN_BYTES = frozenset(b"/\\?#\x7f") | frozenset(range(0x20))
@@ -50,3 +50,14 @@ def path_matches(pattern: str, segments: tuple[str, ...] | list[str]) -> bool:
         if index >= len(segments) or (part != "*" and part != segments[index]):
             return False
     return len(parts) == len(segments)
+
+
+def rebase_path(pattern: str, *, from_base: str, to_base: str) -> str:
+    """An endpoint pattern written under one base URL's path, written under another's, naming the same upstream
+    path: `v1/chat/completions` under `https://api.x` is `chat/completions` under `https://api.x/v1`. Left as it
+    is when the new base path is not a prefix of the full path (another host, a proxy of the user's own)."""
+    full = [segment for segment in f"{urlsplit(from_base).path}/{pattern}".split("/") if segment]
+    prefix = [segment for segment in urlsplit(to_base).path.split("/") if segment]
+    if len(full) > len(prefix) and full[: len(prefix)] == prefix:
+        return "/".join(full[len(prefix) :])
+    return pattern

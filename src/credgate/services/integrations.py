@@ -3,9 +3,11 @@
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from credgate.catalog import Template
 from credgate.errors import Conflict, InvalidInput, NotFound
 from credgate.limits import MAX_ENDPOINTS, StreamIdleTimeoutSeconds, TimeoutSeconds, within
 from credgate.netguard import UpstreamRefused, check_upstream_url
+from credgate.paths import rebase_path
 from credgate.services.context import Context, new_id
 from credgate.services.projects import require_project
 from credgate.services.provider_keys import (
@@ -76,6 +78,15 @@ def _merge_endpoints(current: Sequence[dict[str, str]], added: Sequence[Endpoint
     return merged
 
 
+def _rebased(template: Template, base_url: str) -> list[Endpoint]:
+    """The template's endpoints under the integration's own base URL, naming the same upstream paths (an
+    integration set up before a template's base URL moved, or with a base URL of the user's own)."""
+    return [
+        Endpoint(method=endpoint.method, path=rebase_path(endpoint.path, from_base=template.base_url, to_base=base_url))
+        for endpoint in template.endpoints
+    ]
+
+
 async def add_template_integration(
     ctx: Context,
     *,
@@ -105,7 +116,7 @@ async def add_template_integration(
                 raise Conflict(f"{provider} is set up already and keeps its key; change it with PUT …/key")
             if base_url is not None and base_url != integration.base_url:
                 raise Conflict(f"{provider} is set up already; change its base_url with PATCH")
-            integration.endpoints = _merge_endpoints(integration.endpoints, template.endpoints)
+            integration.endpoints = _merge_endpoints(integration.endpoints, _rebased(template, integration.base_url))
             if template.id not in integration.templates:
                 integration.templates = [*integration.templates, template.id]
             integration.headers = template.headers | integration.headers
@@ -123,7 +134,7 @@ async def add_template_integration(
             base_url=base_url or template.base_url,
             auth=template.auth,
             templates=[template.id],
-            endpoints=_merge_endpoints([], template.endpoints),
+            endpoints=_merge_endpoints([], _rebased(template, base_url or template.base_url)),
             headers=dict(template.headers),
             query=dict(template.query),
         )

@@ -4,6 +4,7 @@ provider accepts the key. The call itself is made by the data plane, which imple
 from dataclasses import dataclass
 from typing import Protocol
 
+from credgate.paths import rebase_path
 from credgate.services.access import ResolvedIntegration, resolved_integration
 from credgate.services.context import Context
 from credgate.services.integrations import get_integration
@@ -34,8 +35,18 @@ def verdict(status: int) -> Verification:
 async def verify_provider_key(ctx: Context, verifier: KeyVerifier, *, project_id: str, provider: str) -> Verification:
     """Ask the provider whether it accepts the integration's key, with a verification call of its templates."""
     integration = await get_integration(ctx, project_id=project_id, provider=provider)
-    calls = [ctx.templates[id].verify for id in integration.templates if id in ctx.templates]
-    call = next((call for call in calls if call is not None), None)
+    templates = [ctx.templates[id] for id in integration.templates if id in ctx.templates]
+    call = next(
+        (
+            Endpoint(
+                method=template.verify.method,
+                path=rebase_path(template.verify.path, from_base=template.base_url, to_base=integration.base_url),
+            )
+            for template in templates
+            if template.verify is not None
+        ),
+        None,
+    )
     if call is None:
         return Verification(accepted=None, status=None, message="no verification call is known for this integration")
     resolved = resolved_integration(ctx, integration)
