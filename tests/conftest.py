@@ -124,17 +124,35 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     root.setLevel(logging.DEBUG)  # the sweep reads DEBUG records too
 
 
+# What each pytest-xdist worker's sweep found, gathered by the controller, which reports for the whole run.
+_WORKER_SWEEPS: list[dict[str, Any]] = []
+
+
+def pytest_testnodedown(node: Any, error: object) -> None:
+    sweep = getattr(node, "workeroutput", {}).get("sweep")
+    if sweep is not None:
+        _WORKER_SWEEPS.append(sweep)
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Fail the run on a leaked secret; with CREDGATE_TEST_NO_SKIPS=1 (CI), on any skip too."""
+    own = {"leaks": SWEEP.findings(), "secrets": len(SWEEP.secrets), "texts": len(SWEEP.texts)}
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:  # an xdist worker: its controller reports for every worker
+        workeroutput["sweep"] = own
+        return
+    sweeps = [own, *_WORKER_SWEEPS]
+    leaks = [leak for sweep in sweeps for leak in sweep["leaks"]]
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-    leaks = SWEEP.findings()
     if leaks:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
         if reporter is not None:
             reporter.write_line(f"error: stored secrets leaked ({len(leaks)}): {leaks[:10]}", red=True)
     elif reporter is not None:
+        secrets_searched = sum(sweep["secrets"] for sweep in sweeps)
+        texts_searched = sum(sweep["texts"] for sweep in sweeps)
         reporter.write_line(
-            f"secret sweep: {len(SWEEP.secrets)} provider keys searched in {len(SWEEP.texts)} responses and log "
+            f"secret sweep: {secrets_searched} provider keys searched in {texts_searched} responses and log "
             "records, none found"
         )
     skipped = len(reporter.stats.get("skipped", [])) if reporter is not None else 0
