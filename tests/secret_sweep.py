@@ -1,5 +1,5 @@
 """The secret sweep: every provider key a test sends is searched for in every response and log record of the
-whole run, and in each SQLite database file; the run fails if one is found (non-negotiable 4).
+whole run, and in each SQLite database file; the run fails if one is found (no secret in any response, log or file).
 
 A secret is found as written and encoded: base64 (standard or URL-safe, at any alignment, as inside a Basic
 header), hex, percent-encoded and JSON-escaped. Encoded text is decoded once, rather than each secret encoded

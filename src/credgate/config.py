@@ -10,7 +10,7 @@ MASTER_KEY_FILE_NAME = "master.key"
 
 
 class Settings(BaseSettings):
-    """Every setting of the gateway (contract section 1)."""
+    """Every setting of the gateway (README, Configuration)."""
 
     model_config = SettingsConfigDict(env_prefix="CREDGATE_", extra="ignore")
 
@@ -27,7 +27,7 @@ class Settings(BaseSettings):
     header_timeout_seconds: float = Field(default=10.0, gt=0, le=3600)
     # How long a client may pause while sending its request body before it gets 408.
     client_body_timeout_seconds: float = Field(default=60.0, gt=0)
-    # How often an instance looks for changes made by other instances or the CLI (contract section 6).
+    # How often an instance looks for changes made by other instances or the CLI (at most a second: README).
     change_poll_seconds: float = Field(default=0.5, gt=0, le=1)
     # On SIGTERM: stop accepting, let requests and streams in flight finish for at most this long, exit 0.
     drain_seconds: float = Field(default=30.0, ge=0, le=3600)

@@ -1,4 +1,4 @@
-"""The one service-error shape on the wire (contract section 4), and its handlers for the control app.
+"""The one service-error shape on the wire (README, Errors), and its handlers for the control app.
 
 `{"error": {"status", "message"}}`, the same status on the response, `X-Credgate-Error: true`. Upstream
 responses never pass through here.

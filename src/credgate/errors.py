@@ -34,7 +34,7 @@ class ServiceError(Exception):
 
 
 class BadRequest(ServiceError):
-    """The request is malformed (contract section 4: bad provider name or endpoint)."""
+    """The request is malformed (a bad provider name or endpoint)."""
 
     status = 400
     default_message = "bad request"

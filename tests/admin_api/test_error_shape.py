@@ -1,4 +1,4 @@
-"""The guard on the one error shape (contract section 4): every source of an admin API error answers
+"""The guard on the one error shape (README, Errors): every source of an admin API error answers
 `{"error": {"status", "message"}}`, the same status, JSON, and `X-Credgate-Error: true`; never a key."""
 
 import re

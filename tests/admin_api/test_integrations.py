@@ -1,4 +1,4 @@
-"""Admin API, integrations: templates, custom ones, endpoints, provider keys (contract section 5)."""
+"""Admin API, integrations: templates, custom ones, endpoints, provider keys (README, Admin API)."""
 
 from typing import Any
 

@@ -1,4 +1,4 @@
-"""Admin API, projects and their tokens (contract sections 2 and 5)."""
+"""Admin API, projects and their tokens (README, Security and Admin API)."""
 
 from datetime import datetime, timedelta
 from typing import Any

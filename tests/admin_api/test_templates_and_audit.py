@@ -1,4 +1,4 @@
-"""Admin API, the template catalogue and the audit record (contract section 5)."""
+"""Admin API, the template catalogue and the audit record (README, Admin API)."""
 
 from datetime import datetime
 from typing import Any

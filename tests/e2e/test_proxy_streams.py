@@ -226,7 +226,7 @@ def our_request_id(response: httpx.Response) -> str:
 
 async def records_of(admin: httpx.AsyncClient, project: Project, count: int) -> list[dict[str, Any]]:
     """The project's request records, newest first, once `count` are listed or one second has passed."""
-    deadline = time.monotonic() + 1.0  # contract section 5: listed within one second of the request's end
+    deadline = time.monotonic() + 1.0  # the README's promise: listed within one second of the request's end
     for _ in range(100):
         items: list[dict[str, Any]] = (await admin.get(f"/projects/{project.id}/requests")).json()["items"]
         if len(items) >= count or time.monotonic() > deadline:

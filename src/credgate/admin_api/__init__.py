@@ -1,4 +1,4 @@
-"""The JSON admin API at /api/v1 (contract section 5): schemas in, services, schemas out."""
+"""The JSON admin API at /api/v1 (README, Admin API): schemas in, services, schemas out."""
 
 from credgate.admin_api.routes import router
 

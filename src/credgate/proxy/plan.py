@@ -19,7 +19,7 @@ Headers = list[tuple[bytes, bytes]]
 # Where SDKs carry a credential; the project token is looked for in each, and none of them goes upstream.
 TOKEN_HEADERS = (b"authorization", b"x-api-key", b"api-key", b"x-goog-api-key", b"xi-api-key")
 _TOKEN_SCHEMES = (b"bearer ", b"token ")
-# What the proxy forwards at all (contract section 3); anything else gets 405 with this Allow header.
+# What the proxy forwards at all (README, Proxy); anything else gets 405 with this Allow header.
 FORWARDED_METHODS = frozenset({*specs.METHODS, "HEAD", "OPTIONS"})
 ALLOW_HEADER = ", ".join((*specs.METHODS, "HEAD", "OPTIONS"))
 HOP_BY_HOP = frozenset(name.encode() for name in specs.HOP_BY_HOP)
@@ -38,7 +38,7 @@ _DROPPED_REQUEST_HEADERS = (
         b"expect",
     }
 )
-# An upstream may not pass for credgate itself (contract section 4), nor confuse its request id.
+# An upstream may not pass for credgate itself (only credgate's errors carry X-Credgate-Error), nor confuse its request id.
 _DROPPED_RESPONSE_HEADERS = HOP_BY_HOP | {b"x-credgate-error", b"x-credgate-request-id"}
 # Response headers that may quote the upstream URL back, and with it a key placed in the query.
 _URL_HEADERS = frozenset({b"location", b"content-location", b"link", b"refresh"})

@@ -33,7 +33,7 @@ def plausible_id(text: str) -> bool:
 
 
 class AccessCache:
-    """The proxy's resolved lookups in memory; any change clears it (contract section 6).
+    """The proxy's resolved lookups in memory; any change clears it (README, Proxy).
 
     `generation` lets a lookup that raced with a change refuse to store what it read before the change.
     Unknown tokens are remembered apart, and fewer, so a flood of made-up tokens cannot evict real entries.
