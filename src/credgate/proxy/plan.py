@@ -38,7 +38,7 @@ _DROPPED_REQUEST_HEADERS = (
         b"expect",
     }
 )
-# An upstream may not pass for credgate itself (only credgate's errors carry X-Credgate-Error), nor confuse its request id.
+# An upstream may not pass for credgate (only its own errors carry X-Credgate-Error), nor confuse its request id.
 _DROPPED_RESPONSE_HEADERS = HOP_BY_HOP | {b"x-credgate-error", b"x-credgate-request-id"}
 # Response headers that may quote the upstream URL back, and with it a key placed in the query.
 _URL_HEADERS = frozenset({b"location", b"content-location", b"link", b"refresh"})
