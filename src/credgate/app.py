@@ -28,7 +28,6 @@ from credgate.services.access import follow_changes
 from credgate.services.bootstrap import open_context
 from credgate.services.context import Context
 from credgate.services.usage import UsageRecorder
-from credgate.storage import StorageUnavailable
 
 logger = logging.getLogger("credgate.access")
 REQUEST_ID_HEADER = b"x-request-id"
@@ -136,9 +135,15 @@ def create_app(
     @control.get("/readyz", include_in_schema=False)
     async def readyz() -> Any:
         ctx: Context = control.state.context
-        try:
-            await asyncio.wait_for(ctx.database.ping(), _READY_TIMEOUT_SECONDS)
-        except (StorageUnavailable, TimeoutError):
+        # Waited for without cancelling it on the spot: cancelling a query on a hung connection would wait on
+        # that connection again (to roll back), and /readyz would hang with it.
+        ping = asyncio.ensure_future(ctx.database.ping())
+        done, _ = await asyncio.wait({ping}, timeout=_READY_TIMEOUT_SECONDS)
+        if not done:
+            ping.cancel()
+            ping.add_done_callback(lambda finished: finished.cancelled() or finished.exception())
+            return error_response(503, "storage unavailable")
+        if ping.exception() is not None:
             return error_response(503, "storage unavailable")
         return JSONResponse({"status": "ready"})
 

@@ -20,7 +20,8 @@ from credgate.specs import AuthSpec, Endpoint
 from credgate.storage import StorageUnavailable
 from credgate.storage.models import Integration
 
-LOOKUP_TIMEOUT_SECONDS = 2.0
+# Long enough for a busy but healthy database, short enough that a hung one soon means 503 rather than a queue.
+LOOKUP_TIMEOUT_SECONDS = 5.0
 
 logger = logging.getLogger(__name__)
 _auth_adapter: TypeAdapter[AuthSpec] = TypeAdapter(AuthSpec)
