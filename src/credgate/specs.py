@@ -182,8 +182,41 @@ class OAuth2RefreshTokenAuth(_Spec):
     scope: OAuthText | None = None
 
 
+class GoogleServiceAccountAuth(_Spec):
+    """A Google service account (Vertex AI and other Google Cloud APIs); the key is the account's JSON key file.
+    credgate signs a JWT assertion with its private key, trades it at `token_url` for an access token (the JWT
+    bearer grant, RFC 7523), caches that like client credentials and sends it as a bearer token. The JSON's
+    own `token_uri` is not used: the endpoint credgate calls is the one set here, checked like any upstream."""
+
+    method: Literal["google_service_account"]
+    token_url: TokenUrl = "https://oauth2.googleapis.com/token"  # noqa: S105 - a public endpoint
+    scope: OAuthText = "https://www.googleapis.com/auth/cloud-platform"
+
+
+AwsName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[a-z0-9][a-z0-9-]*$")]
+
+
+class AwsSigV4Auth(_Spec):
+    """AWS Signature Version 4 (Bedrock and other AWS APIs); the key is `ACCESS_KEY_ID:SECRET_ACCESS_KEY`, or
+    `ACCESS_KEY_ID:SECRET_ACCESS_KEY:SESSION_TOKEN` for temporary credentials. Every request is signed for
+    `service` in `region` over the exact bytes forwarded (the body is read whole first); the secret access
+    key itself never leaves credgate."""
+
+    method: Literal["aws_sigv4"]
+    region: AwsName
+    service: AwsName = "bedrock"
+
+
 AuthSpec = Annotated[
-    BearerAuth | HeaderAuth | QueryAuth | BasicAuth | OAuth2ClientCredentialsAuth | OAuth2RefreshTokenAuth,
+    BearerAuth
+    | HeaderAuth
+    | QueryAuth
+    | BasicAuth
+    | OAuth2ClientCredentialsAuth
+    | OAuth2RefreshTokenAuth
+    | GoogleServiceAccountAuth
+    | AwsSigV4Auth,
     Field(discriminator="method"),
 ]
-OAUTH2_METHODS = frozenset({"oauth2_client_credentials", "oauth2_refresh_token"})
+# Methods whose credential on the wire is an access token credgate obtains (proxy/oauth.py) from the stored key.
+OAUTH2_METHODS = frozenset({"oauth2_client_credentials", "oauth2_refresh_token", "google_service_account"})

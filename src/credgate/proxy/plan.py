@@ -19,6 +19,7 @@ Headers = list[tuple[bytes, bytes]]
 # Where SDKs carry a credential; the project token is looked for in each, and none of them goes upstream.
 TOKEN_HEADERS = (b"authorization", b"x-api-key", b"api-key", b"x-goog-api-key", b"xi-api-key")
 _TOKEN_SCHEMES = (b"bearer ", b"token ")
+_AWS_SIGNATURE = b"AWS4-HMAC-SHA256 "
 # What the proxy forwards at all (README, Proxy); anything else gets 405 with this Allow header.
 FORWARDED_METHODS = frozenset({*specs.METHODS, "HEAD", "OPTIONS"})
 ALLOW_HEADER = ", ".join((*specs.METHODS, "HEAD", "OPTIONS"))
@@ -57,7 +58,9 @@ def check_method(method: str) -> None:
 
 
 def find_project_token(headers: Headers) -> str | None:
-    """The first `cgp_` token in the headers SDKs use for credentials, with or without a scheme."""
+    """The first `cgp_` token in the headers SDKs use for credentials, with or without a scheme. An AWS SDK
+    given the token as its access key id signs with it: the token is then the signature's credential scope's
+    first part (`AWS4-HMAC-SHA256 Credential=<token>/<date>/…`); that signature is never checked or relayed."""
     for name, value in headers:
         if canonical_header(name) in TOKEN_HEADERS:
             lowered = value[:7].lower()
@@ -65,6 +68,9 @@ def find_project_token(headers: Headers) -> str | None:
                 if lowered.startswith(scheme):
                     value = value[len(scheme) :]
                     break
+            else:
+                if value.startswith(_AWS_SIGNATURE):
+                    value = value[len(_AWS_SIGNATURE) :].lstrip().removeprefix(b"Credential=").partition(b"/")[0]
             value = value.strip()
             if value.startswith(b"cgp_"):
                 return value.decode("latin-1")
@@ -134,6 +140,9 @@ PLACEMENTS: dict[str, Callable[[AuthSpec, str], Placement]] = {
     # The credential of an OAuth 2.0 integration is the access token the relay obtained for it.
     "oauth2_client_credentials": _bearer,
     "oauth2_refresh_token": _bearer,
+    "google_service_account": _bearer,
+    # A signature covers the body, so the relay signs once the body is read (proxy/sigv4.py).
+    "aws_sigv4": lambda spec, key: ([], []),
 }
 
 
