@@ -26,6 +26,16 @@ from tests.secret_sweep import SWEEP, SweepHandler
 
 POSTGRES_URL = os.environ.get("CREDGATE_TEST_POSTGRES_URL")
 REQUIRE_POSTGRES = os.environ.get("CREDGATE_TEST_REQUIRE_POSTGRES") == "1"
+# SDKs that look for cloud credentials (boto3, google-auth) must never ask a metadata server or read the
+# machine's own credentials: the tests reach loopback only.
+os.environ |= {
+    "AWS_EC2_METADATA_DISABLED": "true",
+    "AWS_CONFIG_FILE": os.devnull,
+    "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+    "NO_GCE_CHECK": "true",
+    "GCE_METADATA_HOST": "127.0.0.1:9",
+    "GCE_METADATA_IP": "127.0.0.1:9",
+}
 
 
 @pytest.fixture(autouse=True)

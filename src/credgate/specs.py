@@ -200,10 +200,11 @@ class AwsSigV4Auth(_Spec):
     """AWS Signature Version 4 (Bedrock and other AWS APIs); the key is `ACCESS_KEY_ID:SECRET_ACCESS_KEY`, or
     `ACCESS_KEY_ID:SECRET_ACCESS_KEY:SESSION_TOKEN` for temporary credentials. Every request is signed for
     `service` in `region` over the exact bytes forwarded (the body is read whole first); the secret access
-    key itself never leaves credgate."""
+    key itself never leaves credgate. Without a region, the region named in the base URL's host is used
+    (`bedrock-runtime.eu-west-1.amazonaws.com`), so moving an integration to another region is one change."""
 
     method: Literal["aws_sigv4"]
-    region: AwsName
+    region: AwsName | None = None
     service: AwsName = "bedrock"
 
 

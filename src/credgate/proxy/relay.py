@@ -45,6 +45,7 @@ from credgate.proxy.plan import (
     response_headers,
     split_target,
 )
+from credgate.proxy.sigv4 import sign
 from credgate.services.access import Access, ResolvedIntegration, resolve_access
 from credgate.services.context import Context
 from credgate.services.integrations import store_rotated_refresh_token
@@ -56,7 +57,7 @@ from credgate.services.usage import (
     UsageRecorder,
 )
 from credgate.services.verification import Verification, verdict
-from credgate.specs import METHODS, OAUTH2_METHODS, PROVIDER_NAME, Endpoint
+from credgate.specs import METHODS, OAUTH2_METHODS, PROVIDER_NAME, AwsSigV4Auth, Endpoint
 
 logger = logging.getLogger(__name__)
 WATCH_DELAY_SECONDS = 0.2
@@ -303,7 +304,13 @@ class ProxyApp:
         headers = plan.headers
         try:
             data = await body.first()
-            if not isinstance(data, bytes) and length is not None:
+            if isinstance(integration.auth, AwsSigV4Auth):
+                # A signature covers the body: read it whole (within the limit), then sign those exact bytes.
+                data = await body.whole(data)
+                headers = sign(
+                    plan, data, spec=integration.auth, key=credential.reveal(), provider=integration.provider
+                )
+            elif not isinstance(data, bytes) and length is not None:
                 headers = [*headers, ("Content-Length", str(length))]
             async with asyncio.timeout(integration.timeout_seconds):
                 response = await self.session.request(
@@ -314,6 +321,9 @@ class ProxyApp:
             if watch.absorb_cancellation():
                 record.status = 499  # the client left before the upstream answered; the request is abandoned
                 return
+            raise
+        except ServiceError:
+            watch.stop()
             raise
         except (_BodyProblem, aiohttp.ClientError, OSError, ValueError) as error:
             watch.stop()
@@ -370,10 +380,13 @@ class ProxyApp:
                 integration=integration,
                 credential=credential,
             )
+            headers = plan.headers
+            if isinstance(integration.auth, AwsSigV4Auth):
+                headers = sign(plan, b"", spec=integration.auth, key=credential.reveal(), provider=integration.provider)
             async with self.session.request(
                 plan.method,
                 URL(plan.url, encoded=True),
-                headers=plan.headers,
+                headers=headers,
                 allow_redirects=False,
                 timeout=_VERIFY_TIMEOUT,
             ) as response:
@@ -523,6 +536,12 @@ class RequestBody:
         if not more:
             return chunk or None
         return self._rest(chunk)
+
+    async def whole(self, first: bytes | AsyncIterator[bytes] | None) -> bytes:
+        """The whole body, from what `first()` returned."""
+        if first is None or isinstance(first, bytes):
+            return first or b""
+        return b"".join([chunk async for chunk in first])
 
     async def _rest(self, first: bytes) -> AsyncIterator[bytes]:
         yield first
