@@ -14,6 +14,11 @@ _SERVICE_ACCOUNT_SHAPE = (
     "client_email, private_key (PEM) and private_key_id"
 )
 _AWS_SHAPE = "must be ACCESS_KEY_ID:SECRET_ACCESS_KEY or ACCESS_KEY_ID:SECRET_ACCESS_KEY:SESSION_TOKEN"
+# What the key of each method with a shape must be, as the panel says it beside the key field.
+KEY_SHAPES = {
+    "google_service_account": "The key " + _SERVICE_ACCOUNT_SHAPE + ": paste the whole file.",
+    "aws_sigv4": "The key " + _AWS_SHAPE + ".",
+}
 _PEM_PRIVATE_KEY = re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----.+-----END [A-Z ]*PRIVATE KEY-----", re.DOTALL)
 _SERVICE_ACCOUNT_FIELDS = ("client_email", "private_key", "private_key_id")
 

@@ -14,11 +14,13 @@ from credgate import limits
 from credgate.admin_ui.memory import PanelMemory
 from credgate.admin_ui.security import SignInThrottle, check_csrf, check_origin, session_cookie_name
 from credgate.errors import InvalidInput
+from credgate.key_shapes import KEY_SHAPES
 from credgate.services.context import Context
 from credgate.services.panel_sessions import SignedIn, resume_session
 
 templates = Jinja2Templates(directory=Path(__file__).parent / "templates")
 templates.env.globals["limits"] = limits  # the pages' maxlength and hints, from the one definition
+templates.env.globals["key_shapes"] = KEY_SHAPES
 
 
 class SignInRequired(Exception):

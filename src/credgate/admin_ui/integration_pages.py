@@ -16,6 +16,7 @@ from credgate.catalog import Template
 from credgate.crypto import Secret
 from credgate.error_responses import validation_message
 from credgate.errors import Conflict, InvalidInput
+from credgate.key_shapes import check_key_shape
 from credgate.limits import StreamIdleTimeoutSeconds, TimeoutSeconds, parse_float
 from credgate.services import integrations, projects
 from credgate.services.integrations import IntegrationChanges
@@ -92,6 +93,11 @@ async def add_api_submit(request: Request) -> Response:
             errors["base_url"] = f"The base URL {error}."
     elif template is not None and template.requires_base_url and name not in existing:
         errors["base_url"] = "This provider has an address per account: enter yours."
+    if template is not None and api_key and "api_key" not in errors:
+        try:
+            check_key_shape(template.auth, api_key)
+        except ValueError as error:
+            errors["api_key"] = f"The key {error}."
     if errors:
         context = {
             "project": project,
