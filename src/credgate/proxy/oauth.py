@@ -1,5 +1,8 @@
 """OAuth 2.0 access tokens for upstreams: fetched from the token endpoint, cached until shortly before they
-expire, fetched once however many requests need one at the same moment, and never logged."""
+expire, fetched once however many requests need one at the same moment, and never logged.
+
+The grants: client credentials, refresh token, and the JWT bearer grant (RFC 7523) of a Google service
+account, whose assertion is signed here with the account's private key (the key itself never leaves)."""
 
 import asyncio
 import base64
@@ -13,14 +16,16 @@ from dataclasses import dataclass
 from urllib.parse import quote
 
 import aiohttp
+from google.auth import crypt, jwt
 from yarl import URL
 
 from credgate.crypto import Secret
 from credgate.errors import BadGateway
+from credgate.key_shapes import service_account_info
 from credgate.netguard import refuses_host
 from credgate.proxy.guard import NonPublicAddress
 from credgate.services.access import ResolvedIntegration
-from credgate.specs import OAuth2ClientCredentialsAuth, OAuth2RefreshTokenAuth
+from credgate.specs import GoogleServiceAccountAuth, OAuth2ClientCredentialsAuth, OAuth2RefreshTokenAuth
 
 logger = logging.getLogger(__name__)
 DEFAULT_LIFETIME_SECONDS = 3600.0
@@ -28,6 +33,9 @@ MAX_LIFETIME_SECONDS = 7 * 24 * 3600.0  # a week: longer claims are renewed anyw
 _RENEW_BEFORE_SECONDS = 60.0
 _FAILURE_PAUSE_SECONDS = 2.0  # after a failed fetch, so a broken endpoint is not hammered by every request
 _FETCH_TIMEOUT = aiohttp.ClientTimeout(total=30)
+_ASSERTION_LIFETIME_SECONDS = 3600  # the longest Google accepts
+JWT_BEARER_GRANT = "urn:ietf:params:oauth:grant-type:jwt-bearer"
+TokenSpec = OAuth2ClientCredentialsAuth | OAuth2RefreshTokenAuth | GoogleServiceAccountAuth
 RefreshTokenSink = Callable[[str, str, str], Awaitable[None]]  # (project id, provider, new refresh token)
 
 
@@ -85,12 +93,22 @@ class TokenBroker:
 
     async def _fetch(self, project_id: str, integration: ResolvedIntegration, secret: Secret) -> _Cached:
         spec = integration.auth
-        if not isinstance(spec, OAuth2ClientCredentialsAuth | OAuth2RefreshTokenAuth):
+        if not isinstance(spec, TokenSpec):
             raise TypeError("not an OAuth 2.0 integration")
         provider = integration.provider
         if not self._allow_private and refuses_host(URL(spec.token_url).host or ""):
             raise BadGateway(f"{provider}: the token endpoint's address is not public; refused")
-        form, headers = _token_request(spec, secret)
+        if isinstance(spec, GoogleServiceAccountAuth):
+            # Loading an RSA key and signing take milliseconds of CPU: off the event loop.
+            assertion = await asyncio.to_thread(_service_account_assertion, spec, secret, time.time())
+            if assertion is None:
+                raise BadGateway(
+                    f"{provider}: the stored key is not a usable Google service-account JSON key file; "
+                    "set the key again (PUT …/key)"
+                )
+            form, headers = _jwt_bearer_request(assertion)
+        else:
+            form, headers = _token_request(spec, secret)
         try:
             async with self._session.post(
                 spec.token_url, data=form, headers=headers, allow_redirects=False, timeout=_FETCH_TIMEOUT
@@ -130,12 +148,43 @@ def _lifetime(expires_in: object) -> float:
     return min(max(lifetime, 0.0), MAX_LIFETIME_SECONDS) if math.isfinite(lifetime) else DEFAULT_LIFETIME_SECONDS
 
 
+def _form_headers() -> dict[str, str]:
+    # The shared session adds no Content-Type of its own (the proxy relays bytes as they are): say it here.
+    return {"Accept": "application/json", "Content-Type": "application/x-www-form-urlencoded"}
+
+
+def _service_account_assertion(spec: GoogleServiceAccountAuth, secret: Secret, now: float) -> str | None:
+    """The signed JWT (RFC 7523 section 2.1) Google trades for an access token, or None when the stored key is
+    not a usable service-account key file (the reason is not kept: it could quote part of the key)."""
+    try:
+        info = service_account_info(secret.reveal())
+        # google-auth's functions carry no annotations; their documented types are the ones given here.
+        signer: crypt.Signer = crypt.RSASigner.from_service_account_info(info)  # type: ignore[no-untyped-call]
+        issued_at = int(now)
+        payload = {
+            "iss": info["client_email"],
+            "scope": spec.scope,
+            "aud": spec.token_url,
+            "iat": issued_at,
+            "exp": issued_at + _ASSERTION_LIFETIME_SECONDS,
+        }
+        # An EC or Ed25519 key loads, then fails to sign with TypeError; a malformed PEM gives ValueError.
+        assertion: bytes = jwt.encode(signer, payload)  # type: ignore[no-untyped-call]  # kid: private_key_id
+    except (ValueError, TypeError):
+        return None
+    return assertion.decode("ascii")
+
+
+def _jwt_bearer_request(assertion: str) -> tuple[dict[str, str], dict[str, str]]:
+    """The JWT bearer grant's form and headers (RFC 7523 section 2.1)."""
+    return {"grant_type": JWT_BEARER_GRANT, "assertion": assertion}, _form_headers()
+
+
 def _token_request(
     spec: OAuth2ClientCredentialsAuth | OAuth2RefreshTokenAuth, secret: Secret
 ) -> tuple[dict[str, str], dict[str, str]]:
     """The token request's form and headers (RFC 6749 sections 4.4.2, 6 and 2.3.1)."""
-    # The shared session adds no Content-Type of its own (the proxy relays bytes as they are): say it here.
-    headers = {"Accept": "application/json", "Content-Type": "application/x-www-form-urlencoded"}
+    headers = _form_headers()
     if isinstance(spec, OAuth2RefreshTokenAuth):
         form = {"grant_type": "refresh_token", "refresh_token": secret.reveal(), "client_id": spec.client_id}
     else:

@@ -4,11 +4,13 @@ from datetime import datetime
 
 from credgate.crypto import KeyRing, Secret, secret_binding
 from credgate.errors import InvalidInput
+from credgate.key_shapes import check_key_shape_for
 from credgate.limits import MAX_KEY_LENGTH
 from credgate.storage.models import Integration, ProviderKey
 
 API_KEY_PURPOSE = "api_key"
 _HINT_MIN_LENGTH = 12  # below this, four characters would give away too much of the key
+_JSON_WHITESPACE = "\t\n\r"
 
 
 def clean_api_key(api_key: str, *, auth_method: str) -> str:
@@ -18,10 +20,19 @@ def clean_api_key(api_key: str, *, auth_method: str) -> str:
         raise InvalidInput("api_key", "must not be empty")
     if len(api_key) > MAX_KEY_LENGTH:
         raise InvalidInput("api_key", f"must be at most {MAX_KEY_LENGTH} characters")
-    if any(ord(char) < 0x20 or ord(char) == 0x7F or 0xD800 <= ord(char) < 0xE000 for char in api_key):
+    # A JSON key file is never placed in a header, and its line breaks and indentation are JSON white space.
+    allowed = _JSON_WHITESPACE if auth_method == "google_service_account" else ""
+    if any(
+        (ord(char) < 0x20 and char not in allowed) or ord(char) == 0x7F or 0xD800 <= ord(char) < 0xE000
+        for char in api_key
+    ):
         raise InvalidInput("api_key", "may not hold control characters, line breaks or unpaired surrogates")
     if auth_method == "basic" and ":" not in api_key:
         raise InvalidInput("api_key", "basic auth needs the key as user:password")
+    try:
+        check_key_shape_for(auth_method, api_key)
+    except ValueError as error:
+        raise InvalidInput("api_key", str(error)) from None
     return api_key
 
 
