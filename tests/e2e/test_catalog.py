@@ -38,6 +38,11 @@ DOCUMENTED: dict[str, tuple[tuple[str, str], dict[str, str], dict[str, str]]] = 
     "deepgram": (("authorization", f"Token {KEY}"), {}, {}),
     "stability": (BEARER, {}, {}),
     "replicate": (BEARER, {}, {}),
+    "huggingface": (BEARER, {}, {}),
+    "fireworks": (BEARER, {}, {}),
+    "cerebras": (BEARER, {}, {}),
+    "ollama": (BEARER, {}, {}),
+    "vllm": (BEARER, {}, {}),
 }
 # The header each provider's SDK carries its key in: the project token rides there.
 SDK_HEADER = {
