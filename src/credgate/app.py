@@ -93,8 +93,8 @@ def create_app(
         session = http_session or create_http_session(allow_private_upstreams=settings.allow_private_upstreams)
         recorder = UsageRecorder(ctx, retention=timedelta(days=settings.request_log_days))
         app.state.context = ctx
-        gateway.proxy = ProxyApp(ctx, settings, session, recorder)
-        app.state.verify_key = gateway.proxy.verify_key  # the admin API's KeyVerifier, without knowing the proxy
+        proxy = gateway.proxy = ProxyApp(ctx, settings, session, recorder)
+        app.state.verify_key = proxy.verify_key  # the admin API's KeyVerifier, without knowing the proxy
         tasks = [
             asyncio.create_task(follow_changes(ctx, interval=settings.change_poll_seconds)),
             asyncio.create_task(recorder.run()),
@@ -109,6 +109,7 @@ def create_app(
             for task in tasks:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+            await proxy.upstreams.close()  # the sessions of integrations' exceptions, always the proxy's own
             if http_session is None:
                 await session.close()
             if context is None:

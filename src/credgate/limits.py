@@ -28,6 +28,7 @@ MAX_URL_LENGTH = 2048
 MAX_KEY_LENGTH = 8192
 MAX_ACTOR_LENGTH = 200  # the audit log's "who": a kind of actor and a name, cut to this length
 MAX_ENDPOINTS = 1000
+MAX_PRIVATE_NETWORKS = 32  # an integration's exceptions to the SSRF guard: a few hosts or networks, not a routing table
 MIN_PASSWORD_LENGTH = 12
 # Times an admin may name (a usage window): far enough from datetime's own ends that no offset or window
 # arithmetic can leave its range.
@@ -100,6 +101,8 @@ def describe(kind: object) -> str:
         if "longest" not in bounds:
             return f"at least {bounds.get('shortest', 0)} characters"
         return f"{bounds.get('shortest', 0)} to {bounds['longest']} characters"
+    if base is list:
+        return f"a list of at most {bounds['longest']} entries" if "longest" in bounds else "a list"
     if base is AwareDatetime:
         return f"an RFC 3339 time with a zone offset, between {EARLIEST.date()} and {LATEST.date()}"
     noun = "a whole number" if base is int else "a number"

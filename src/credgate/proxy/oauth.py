@@ -17,13 +17,12 @@ from urllib.parse import quote
 
 import aiohttp
 from google.auth import crypt, jwt
-from yarl import URL
 
 from credgate.crypto import Secret
 from credgate.errors import BadGateway
 from credgate.key_shapes import service_account_info
-from credgate.netguard import refuses_host
 from credgate.proxy.guard import NonPublicAddress
+from credgate.proxy.upstreams import Upstreams
 from credgate.services.access import ResolvedIntegration
 from credgate.specs import GoogleServiceAccountAuth, OAuth2ClientCredentialsAuth, OAuth2RefreshTokenAuth
 
@@ -48,14 +47,12 @@ class _Cached:
 class TokenBroker:
     def __init__(
         self,
-        session: aiohttp.ClientSession,
+        upstreams: Upstreams,
         *,
-        allow_private_upstreams: bool,
         store_refresh_token: RefreshTokenSink,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._session = session
-        self._allow_private = allow_private_upstreams
+        self._upstreams = upstreams  # the token endpoint is reached within the integration's exceptions too
         self._store_refresh_token = store_refresh_token
         self._clock = clock
         self._tokens: dict[tuple[object, ...], _Cached] = {}
@@ -96,7 +93,7 @@ class TokenBroker:
         if not isinstance(spec, TokenSpec):
             raise TypeError("not an OAuth 2.0 integration")
         provider = integration.provider
-        if not self._allow_private and refuses_host(URL(spec.token_url).host or ""):
+        if self._upstreams.refuses(spec.token_url, integration.private_networks):
             raise BadGateway(f"{provider}: the token endpoint's address is not public; refused")
         if isinstance(spec, GoogleServiceAccountAuth):
             # Loading an RSA key and signing take milliseconds of CPU: off the event loop.
@@ -110,7 +107,7 @@ class TokenBroker:
         else:
             form, headers = _token_request(spec, secret)
         try:
-            async with self._session.post(
+            async with self._upstreams.session_for(integration.private_networks).post(
                 spec.token_url, data=form, headers=headers, allow_redirects=False, timeout=_FETCH_TIMEOUT
             ) as response:
                 body = await response.read()

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 
 import aiohttp
+from aiohttp.abc import AbstractResolver
 from aiohttp.client_proto import ResponseHandler
 from aiohttp.helpers import _EXC_SENTINEL
 from starlette.types import Receive, Scope, Send
@@ -32,7 +33,6 @@ from credgate.errors import (
     Unauthorized,
     Unavailable,
 )
-from credgate.netguard import refuses_host
 from credgate.proxy.guard import NonPublicAddress, PublicOnlyResolver
 from credgate.proxy.limits import RateLimiter, retry_after_header
 from credgate.proxy.oauth import TokenBroker
@@ -46,6 +46,7 @@ from credgate.proxy.plan import (
     split_target,
 )
 from credgate.proxy.sigv4 import sign
+from credgate.proxy.upstreams import Upstreams
 from credgate.services.access import Access, ResolvedIntegration, resolve_access
 from credgate.services.context import Context
 from credgate.services.integrations import store_rotated_refresh_token
@@ -118,15 +119,17 @@ def _tls_context() -> ssl.SSLContext:
     return context
 
 
-def create_http_session(*, allow_private_upstreams: bool, max_connections: int = 1000) -> aiohttp.ClientSession:
+def create_http_session(
+    *, allow_private_upstreams: bool, max_connections: int = 1000, resolver: AbstractResolver | None = None
+) -> aiohttp.ClientSession:
     """The outbound client: raw bytes both ways, no redirects, no headers of its own, and (unless private
-    upstreams are allowed) public addresses only."""
+    upstreams are allowed) public addresses only, or what `resolver` admits (an integration's exceptions)."""
     connector = aiohttp.TCPConnector(
         limit=max_connections,
         limit_per_host=0,
         ttl_dns_cache=10,
         enable_cleanup_closed=True,
-        resolver=None if allow_private_upstreams else PublicOnlyResolver(),
+        resolver=None if allow_private_upstreams else resolver or PublicOnlyResolver(),
         ssl=_tls_context(),
     )
     connector._factory = functools.partial(_FramingAwareResponseHandler, loop=asyncio.get_running_loop())  # type: ignore[assignment]
@@ -165,14 +168,18 @@ class ProxyApp:
         self.rate_limiter = RateLimiter()
         self.in_flight = 0
         self.allow_private_upstreams = settings.allow_private_upstreams
-        self.tokens = TokenBroker(
+        # The shared public-only session, and one per integration's list of exceptions to the guard.
+        self.upstreams = Upstreams(
             session,
-            allow_private_upstreams=settings.allow_private_upstreams,
+            allow_private=settings.allow_private_upstreams,
+            open_session=lambda resolver: create_http_session(allow_private_upstreams=False, resolver=resolver),
+        )
+        self.tokens = TokenBroker(
+            self.upstreams,
             store_refresh_token=lambda project_id, provider, token: store_rotated_refresh_token(
                 ctx, project_id=project_id, provider=provider, token=token
             ),
         )
-        self._refused_bases: dict[str, bool] = {}  # base URL → its numeric host is non-public
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.in_flight >= self.max_in_flight:
@@ -285,7 +292,7 @@ class ProxyApp:
             credential = await self.tokens.access_token(
                 project_id=record.project_id, integration=integration, secret=credential
             )
-        if not self.allow_private_upstreams and self._refuses(integration.base_url):
+        if self._refuses(integration):
             raise _not_public(integration.provider)
         plan = plan_upstream(
             method=scope["method"],
@@ -313,7 +320,7 @@ class ProxyApp:
             elif not isinstance(data, bytes) and length is not None:
                 headers = [*headers, ("Content-Length", str(length))]
             async with asyncio.timeout(integration.timeout_seconds):
-                response = await self.session.request(
+                response = await self.upstreams.session_for(integration.private_networks).request(
                     plan.method, URL(plan.url, encoded=True), headers=headers, data=data, allow_redirects=False
                 )
         except asyncio.CancelledError:
@@ -370,7 +377,7 @@ class ProxyApp:
                 credential = await self.tokens.access_token(
                     project_id=project_id, integration=integration, secret=credential
                 )
-            if not self.allow_private_upstreams and self._refuses(integration.base_url):
+            if self._refuses(integration):
                 raise BadGateway("the provider's address is not public")
             plan = plan_upstream(
                 method="GET" if call.method == "*" else call.method,
@@ -383,7 +390,7 @@ class ProxyApp:
             headers = plan.headers
             if isinstance(integration.auth, AwsSigV4Auth):
                 headers = sign(plan, b"", spec=integration.auth, key=credential.reveal(), provider=integration.provider)
-            async with self.session.request(
+            async with self.upstreams.session_for(integration.private_networks).request(
                 plan.method,
                 URL(plan.url, encoded=True),
                 headers=headers,
@@ -397,13 +404,9 @@ class ProxyApp:
         except (aiohttp.ClientError, OSError):
             return Verification(accepted=None, status=None, message="the provider could not be reached")
 
-    def _refuses(self, base_url: str) -> bool:
-        refused = self._refused_bases.get(base_url)
-        if refused is None:
-            if len(self._refused_bases) > 10_000:
-                self._refused_bases.clear()
-            refused = self._refused_bases[base_url] = refuses_host(URL(base_url).host or "")
-        return refused
+    def _refuses(self, integration: ResolvedIntegration) -> bool:
+        """Whether the base URL's host is refused by its spelling, within the integration's exceptions."""
+        return self.upstreams.refuses(integration.base_url, integration.private_networks)
 
     async def _stream_response(
         self,

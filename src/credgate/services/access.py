@@ -13,6 +13,7 @@ from typing import Any
 from pydantic import TypeAdapter
 
 from credgate.crypto import Secret, hash_token
+from credgate.netguard import NO_PRIVATE_NETWORKS, PrivateNetworks
 from credgate.services.context import CHANGE_MARKER, Context
 from credgate.services.projects import PROJECT_TOKEN_PREFIX
 from credgate.services.provider_keys import open_provider_key
@@ -42,6 +43,8 @@ class ResolvedIntegration:
     timeout_seconds: float
     stream_idle_timeout_seconds: float  # a started response that sends nothing this long is cut off
     credential: Secret | None
+    # The admin's exceptions to the SSRF guard for this integration alone (README, Security).
+    private_networks: PrivateNetworks = NO_PRIVATE_NETWORKS
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +71,7 @@ def resolved_integration(ctx: Context, integration: Integration) -> ResolvedInte
         timeout_seconds=integration.timeout_seconds,
         stream_idle_timeout_seconds=integration.stream_idle_timeout_seconds,
         credential=open_provider_key(ctx.keyring, integration),
+        private_networks=PrivateNetworks.of(integration.private_networks),
     )
 
 

@@ -5,8 +5,8 @@ from dataclasses import dataclass
 
 from credgate.catalog import Template
 from credgate.errors import Conflict, InvalidInput, NotFound
-from credgate.limits import MAX_ENDPOINTS, StreamIdleTimeoutSeconds, TimeoutSeconds, within
-from credgate.netguard import UpstreamRefused, check_upstream_url
+from credgate.limits import MAX_ACTOR_LENGTH, MAX_ENDPOINTS, StreamIdleTimeoutSeconds, TimeoutSeconds, within
+from credgate.netguard import PrivateNetworkList, PrivateNetworks, UpstreamRefused, check_upstream_url
 from credgate.paths import rebase_path
 from credgate.services.context import Context, new_id
 from credgate.services.projects import require_project
@@ -18,10 +18,12 @@ from credgate.services.provider_keys import (
 )
 from credgate.specs import PROVIDER_NAME, AuthSpec, BaseUrl, BearerAuth, Endpoint, HeaderMap, ProviderName, QueryMap
 from credgate.storage import Repository
-from credgate.storage.models import Integration
+from credgate.storage.models import AuditEvent, Integration
 
 DEFAULT_TIMEOUT_SECONDS = 600.0
 DEFAULT_STREAM_IDLE_TIMEOUT_SECONDS = 300.0
+# The audit log's own entry for a change of an integration's exceptions to the SSRF guard, holding the new list.
+PRIVATE_NETWORKS_ACTION = "integration.private_networks"
 # What each setting of IntegrationChanges must be; `auth` arrives as a validated AuthSpec.
 _SETTINGS: dict[str, object] = {
     "base_url": BaseUrl,
@@ -44,17 +46,44 @@ class IntegrationChanges:
     query: dict[str, str] | None = None
     timeout_seconds: float | None = None
     stream_idle_timeout_seconds: float | None = None
+    private_networks: list[str] | None = None  # replaces the list; [] removes every exception
 
 
-async def _check_upstream(ctx: Context, base_url: str | None, auth: AuthSpec | None = None) -> None:
-    """The SSRF guard on what the integration will call: its base URL and an OAuth token URL."""
+async def _check_upstream(
+    ctx: Context, base_url: str | None, auth: AuthSpec | None = None, private_networks: Sequence[str] = ()
+) -> None:
+    """The SSRF guard on what the integration will call: its base URL and an OAuth token URL, within the
+    integration's exceptions."""
+    exceptions = PrivateNetworks.of(private_networks)
     for field, url in (("base_url", base_url), ("auth.token_url", getattr(auth, "token_url", None))):
         if url is None:
             continue
         try:
-            await check_upstream_url(url, allow_private=ctx.allow_private_upstreams)
+            await check_upstream_url(url, allow_private=ctx.allow_private_upstreams, exceptions=exceptions)
         except UpstreamRefused as error:
             raise InvalidInput(field, str(error)) from None
+
+
+def _checked_private_networks(private_networks: Sequence[str] | None) -> list[str] | None:
+    """The list normalised (networks in canonical form, names as the resolver sees them), or InvalidInput."""
+    if private_networks is None:
+        return None
+    checked: list[str] = within("private_networks", PrivateNetworkList, list(private_networks))
+    return checked
+
+
+def _audit_private_networks(ctx: Context, repo: Repository, actor: str, integration: Integration) -> None:
+    """An entry of its own for the exceptions to the SSRF guard, naming the new list, in the change's transaction."""
+    repo.add(
+        AuditEvent(
+            at=ctx.clock(),
+            actor=actor[:MAX_ACTOR_LENGTH],
+            action=PRIVATE_NETWORKS_ACTION,
+            project_id=integration.project_id,
+            provider=integration.provider,
+            detail={"private_networks": list(integration.private_networks)},
+        )
+    )
 
 
 async def require_integration(repo: Repository, project_id: str, provider: str) -> Integration:
@@ -96,6 +125,7 @@ async def add_template_integration(
     actor: str,
     api_key: str | None = None,
     base_url: str | None = None,
+    private_networks: Sequence[str] | None = None,
 ) -> tuple[Integration, bool]:
     """Set a provider up from a template, or add a template's endpoints to one already set up.
 
@@ -107,7 +137,8 @@ async def add_template_integration(
         raise InvalidInput("template", "no such template; GET /api/v1/templates lists them")
     if base_url is not None:
         base_url = within("base_url", BaseUrl, base_url)
-    await _check_upstream(ctx, base_url or template.base_url)
+    networks = _checked_private_networks(private_networks)
+    await _check_upstream(ctx, base_url or template.base_url, private_networks=networks or ())
     async with ctx.change(actor=actor, action="integration.create", project_id=project_id, provider=provider) as repo:
         await require_project(repo, project_id)
         integration = await repo.get_integration(project_id, provider)
@@ -116,6 +147,8 @@ async def add_template_integration(
                 raise Conflict(f"{provider} is set up already and keeps its key; change it with PUT …/key")
             if base_url is not None and base_url != integration.base_url:
                 raise Conflict(f"{provider} is set up already; change its base_url with PATCH")
+            if networks is not None and networks != integration.private_networks:
+                raise Conflict(f"{provider} is set up already; change its private_networks with PATCH")
             integration.endpoints = _merge_endpoints(integration.endpoints, _rebased(template, integration.base_url))
             if template.id not in integration.templates:
                 integration.templates = [*integration.templates, template.id]
@@ -137,11 +170,14 @@ async def add_template_integration(
             endpoints=_merge_endpoints([], _rebased(template, base_url or template.base_url)),
             headers=dict(template.headers),
             query=dict(template.query),
+            private_networks=networks or [],
         )
         seal_provider_key(
             ctx.keyring, integration, clean_api_key(api_key, auth_method=template.auth.method), now=ctx.clock()
         )
         repo.add(integration)
+        if integration.private_networks:
+            _audit_private_networks(ctx, repo, actor, integration)
     return integration, True
 
 
@@ -154,12 +190,14 @@ async def add_custom_integration(
     api_key: str,
     actor: str,
     auth: AuthSpec | None = None,
+    private_networks: Sequence[str] | None = None,
 ) -> Integration:
     """Set a provider up by hand; it allows no endpoint until they are configured."""
     within("provider", ProviderName, provider)
     base_url = within("base_url", BaseUrl, base_url)
     auth = auth or BearerAuth()
-    await _check_upstream(ctx, base_url, auth)
+    networks = _checked_private_networks(private_networks) or []
+    await _check_upstream(ctx, base_url, auth, networks)
     async with ctx.change(actor=actor, action="integration.create", project_id=project_id, provider=provider) as repo:
         await require_project(repo, project_id)
         if await repo.get_integration(project_id, provider) is not None:
@@ -174,9 +212,12 @@ async def add_custom_integration(
             endpoints=[],
             headers={},
             query={},
+            private_networks=networks,
         )
         seal_provider_key(ctx.keyring, integration, clean_api_key(api_key, auth_method=auth.method), now=ctx.clock())
         repo.add(integration)
+        if networks:
+            _audit_private_networks(ctx, repo, actor, integration)
     return integration
 
 
@@ -191,6 +232,7 @@ def _new_integration(
     endpoints: list[dict[str, str]],
     headers: dict[str, str],
     query: dict[str, str],
+    private_networks: list[str],
 ) -> Integration:
     now = ctx.clock()
     return Integration(
@@ -206,6 +248,7 @@ def _new_integration(
         enabled=True,
         timeout_seconds=DEFAULT_TIMEOUT_SECONDS,
         stream_idle_timeout_seconds=DEFAULT_STREAM_IDLE_TIMEOUT_SECONDS,
+        private_networks=private_networks,
         created_at=now,
         updated_at=now,
     )
@@ -221,6 +264,7 @@ async def add_integration(
     api_key: str | None = None,
     base_url: str | None = None,
     auth: AuthSpec | None = None,
+    private_networks: Sequence[str] | None = None,
 ) -> tuple[Integration, bool]:
     """From a template when `template_id` is given, else custom; returns the integration and whether it is new."""
     if template_id is not None:
@@ -233,6 +277,7 @@ async def add_integration(
             template_id=template_id,
             api_key=api_key,
             base_url=base_url,
+            private_networks=private_networks,
             actor=actor,
         )
     if base_url is None:
@@ -240,7 +285,14 @@ async def add_integration(
     if api_key is None:
         raise InvalidInput("api_key", "required for a custom integration")
     integration = await add_custom_integration(
-        ctx, project_id=project_id, provider=provider, base_url=base_url, api_key=api_key, auth=auth, actor=actor
+        ctx,
+        project_id=project_id,
+        provider=provider,
+        base_url=base_url,
+        api_key=api_key,
+        auth=auth,
+        private_networks=private_networks,
+        actor=actor,
     )
     return integration, True
 
@@ -264,7 +316,14 @@ async def update_integration(
         for name, kind in _SETTINGS.items()
         if getattr(changes, name) is not None
     }
-    await _check_upstream(ctx, settings.get("base_url"), changes.auth)
+    networks = _checked_private_networks(changes.private_networks)
+    if "base_url" in settings or changes.auth is not None:
+        # The URLs are checked within the exceptions they will have: the new list, or else the stored one (the
+        # connect-time guard holds either way, should another admin change the list in the meantime).
+        exceptions = networks
+        if exceptions is None:
+            exceptions = (await get_integration(ctx, project_id=project_id, provider=provider)).private_networks
+        await _check_upstream(ctx, settings.get("base_url"), changes.auth, exceptions)
     async with ctx.change(actor=actor, action="integration.update", project_id=project_id, provider=provider) as repo:
         integration = await require_integration(repo, project_id, provider)
         if changes.auth is not None:
@@ -275,6 +334,9 @@ async def update_integration(
             integration.auth = changes.auth.model_dump()
         for name, value in settings.items():
             setattr(integration, name, value)
+        if networks is not None and networks != integration.private_networks:
+            integration.private_networks = networks
+            _audit_private_networks(ctx, repo, actor, integration)
         integration.updated_at = ctx.clock()
     return integration
 

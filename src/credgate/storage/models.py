@@ -116,6 +116,8 @@ class Integration(Base):
     timeout_seconds: Mapped[float]
     # How long a started response may send nothing before it is cut off; rows older than the setting got 300.
     stream_idle_timeout_seconds: Mapped[float] = mapped_column(server_default=text("300"))
+    # The admin's exceptions to the SSRF guard for this integration alone: normalised networks and host names.
+    private_networks: Mapped[list[Any]] = mapped_column(default=list)
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
 
@@ -147,6 +149,8 @@ class AuditEvent(Base):
     action: Mapped[str] = mapped_column(String(64))
     project_id: Mapped[str | None] = mapped_column(String(32))
     provider: Mapped[str | None] = mapped_column(String(MAX_PROVIDER_NAME_LENGTH))
+    # What changed, for the changes worth recording in full (an integration's private_networks); never a secret.
+    detail: Mapped[dict[str, Any] | None]
 
 
 class RequestRecord(Base):

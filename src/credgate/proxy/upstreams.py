@@ -1,0 +1,111 @@
+"""The outbound sessions: the public-only one that every integration without exceptions shares, and one per
+distinct list of exceptions (an integration's `private_networks`).
+
+aiohttp pools connections, and caches DNS answers, per connector, by host and port. Were two integrations to call
+the same host:port through one session, a connection opened under one's exception would serve the other, which
+has none. So each list of exceptions gets a session of its own, whose resolver admits exactly that list;
+integrations with the same list (in any order) share it, since the same calls are allowed to them.
+"""
+
+import asyncio
+import contextlib
+from collections import OrderedDict
+from collections.abc import Callable
+
+import aiohttp
+from aiohttp.abc import AbstractResolver
+from yarl import URL
+
+from credgate.netguard import PrivateNetworks
+from credgate.proxy.guard import PrivateNetworksResolver
+
+# Distinct lists with a session open at once; beyond that the least recently used one is closed once idle.
+MAX_EXCEPTION_SESSIONS = 64
+_IDLE_CHECK_SECONDS = 1.0
+_MAX_REMEMBERED_URLS = 10_000
+SessionFactory = Callable[[AbstractResolver], aiohttp.ClientSession]
+
+
+class Upstreams:
+    """Which session reaches an integration's upstream, and whether its URL is refused before connecting."""
+
+    def __init__(
+        self,
+        default: aiohttp.ClientSession,
+        *,
+        allow_private: bool,
+        open_session: SessionFactory,
+        max_sessions: int = MAX_EXCEPTION_SESSIONS,
+    ) -> None:
+        self.default = default
+        self._allow_private = allow_private
+        self._open_session = open_session
+        self._max_sessions = max_sessions
+        self._sessions: OrderedDict[PrivateNetworks, aiohttp.ClientSession] = OrderedDict()  # oldest use first
+        self._retired: set[aiohttp.ClientSession] = set()
+        self._closers: set[asyncio.Task[None]] = set()
+        self._refused: dict[tuple[str, PrivateNetworks], bool] = {}
+
+    @property
+    def exception_sessions(self) -> int:
+        """How many sessions of exceptions are open (serving or being retired)."""
+        return len(self._sessions) + len(self._retired)
+
+    def session_for(self, exceptions: PrivateNetworks) -> aiohttp.ClientSession:
+        """The session for an integration with these exceptions: the shared public-only one when it has none
+        (or when CREDGATE_ALLOW_PRIVATE_UPSTREAMS leaves nothing to except), else the list's own."""
+        if self._allow_private or not exceptions:
+            return self.default
+        session = self._sessions.get(exceptions)
+        if session is not None and not session.closed:
+            self._sessions.move_to_end(exceptions)
+            return session
+        session = self._sessions[exceptions] = self._open_session(PrivateNetworksResolver(exceptions))
+        while len(self._sessions) > self._max_sessions:
+            _, oldest = self._sessions.popitem(last=False)
+            self._retire(oldest)
+        return session
+
+    def refuses(self, url: str, exceptions: PrivateNetworks) -> bool:
+        """Whether a base or token URL is refused by its host's spelling alone, before any connection (aiohttp
+        asks no resolver for a literal address); a name is judged by its answer, in `session_for`'s resolver."""
+        if self._allow_private:
+            return False
+        key = (url, exceptions)
+        refused = self._refused.get(key)
+        if refused is None:
+            if len(self._refused) >= _MAX_REMEMBERED_URLS:
+                self._refused.clear()
+            refused = self._refused[key] = exceptions.refuses_host(URL(url).host or "")
+        return refused
+
+    def _retire(self, session: aiohttp.ClientSession) -> None:
+        # Closing a session cuts the responses it is streaming: it waits until none is in flight.
+        self._retired.add(session)
+        closer = asyncio.create_task(self._close_when_idle(session))
+        self._closers.add(closer)
+        closer.add_done_callback(self._closers.discard)
+
+    async def _close_when_idle(self, session: aiohttp.ClientSession) -> None:
+        while _in_use(session):  # noqa: ASYNC110  (aiohttp signals no release: polled, rarely)
+            await asyncio.sleep(_IDLE_CHECK_SECONDS)
+        self._retired.discard(session)
+        await session.close()
+
+    async def close(self) -> None:
+        """Close every session of exceptions (the default one belongs to whoever made it)."""
+        for closer in list(self._closers):
+            closer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await closer
+        sessions = [*self._sessions.values(), *self._retired]
+        self._sessions.clear()
+        self._retired.clear()
+        for session in sessions:
+            await session.close()
+
+
+def _in_use(session: aiohttp.ClientSession) -> bool:
+    # aiohttp counts the connections lent out in its connector's `_acquired` and has no public way to ask.
+    connector = session.connector
+    return connector is not None and not connector.closed and bool(getattr(connector, "_acquired", ()))
