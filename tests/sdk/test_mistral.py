@@ -1,6 +1,5 @@
 """The official `mistralai` SDK through the gateway (the `openai` SDK at Mistral's `/v1`: test_openai_compatible)."""
 
-import json
 from collections.abc import AsyncIterator
 
 import pytest
@@ -11,29 +10,11 @@ from mistralai.client.models import UserMessageTypedDict
 from credgate.services import integrations
 from credgate.services.context import Context
 from tests.e2e.conftest import Project
+from tests.sdk.openai_shapes import chat
 from tests.sdk.standin import StandIn, assert_token_nowhere, connect_template, run_stand_in
-from tests.upstream import chat_completion
 
 MODEL = "mistral-small-latest"
 MESSAGES: list[UserMessageTypedDict] = [{"role": "user", "content": "hi"}]
-
-
-def chunk(content: str, finish_reason: str | None = None) -> bytes:
-    """One event of a streamed chat completion, as Mistral sends it."""
-    choice = {"index": 0, "delta": {"content": content}, "finish_reason": finish_reason}
-    event = {"id": "cmpl-1", "object": "chat.completion.chunk", "created": 1, "model": MODEL, "choices": [choice]}
-    return f"data: {json.dumps(event)}\n\n".encode()
-
-
-async def chat(request: web.Request, body: bytes) -> web.StreamResponse:
-    if not json.loads(body).get("stream"):
-        return web.json_response(chat_completion(MODEL))
-    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-    await response.prepare(request)
-    for event in (chunk("Hel"), chunk("lo"), chunk("!", "stop"), b"data: [DONE]\n\n"):
-        await response.write(event)
-    await response.write_eof()
-    return response
 
 
 async def embed(request: web.Request, body: bytes) -> web.StreamResponse:
