@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 import aiohttp
 import httpx
 import pytest
+from aiohttp.abc import AbstractResolver
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
@@ -19,6 +20,7 @@ from credgate.config import Settings
 from credgate.crypto import Secret
 from credgate.errors import BadGateway
 from credgate.proxy.oauth import TokenBroker
+from credgate.proxy.upstreams import Upstreams
 from credgate.services import integrations, projects
 from credgate.services.access import ResolvedIntegration
 from credgate.services.context import Context
@@ -72,8 +74,12 @@ async def broker() -> AsyncIterator[TokenBroker]:
     async def no_refresh_tokens(project_id: str, provider: str, token: str) -> None:
         raise AssertionError("a service account has no refresh token")
 
+    def no_other_sessions(resolver: AbstractResolver) -> aiohttp.ClientSession:
+        raise AssertionError("private upstreams are allowed: the default session serves every call")
+
     async with aiohttp.ClientSession() as session:
-        yield TokenBroker(session, allow_private_upstreams=True, store_refresh_token=no_refresh_tokens)
+        upstreams = Upstreams(session, allow_private=True, open_session=no_other_sessions)  # stand-ins on loopback
+        yield TokenBroker(upstreams, store_refresh_token=no_refresh_tokens)
 
 
 def vertex(auth: GoogleServiceAccountAuth, key: str) -> ResolvedIntegration:
