@@ -5,6 +5,7 @@ import json
 import pytest
 
 from credgate.key_shapes import aws_key_parts, check_key_shape, service_account_info
+from credgate.services.provider_keys import key_hint
 from credgate.specs import AwsSigV4Auth, BasicAuth, BearerAuth, GoogleServiceAccountAuth, HeaderAuth
 
 PEM = "-----BEGIN PRIVATE KEY-----\nMIIEvQIBADANBgkqhkiG9w0BAQEFAASC-shape-test-body\n-----END PRIVATE KEY-----\n"
@@ -74,3 +75,11 @@ def test_an_aws_key_of_another_shape_is_refused_without_echo(key: str) -> None:
 )
 def test_opaque_keys_take_any_shape(auth: BearerAuth | HeaderAuth | BasicAuth) -> None:
     check_key_shape(auth, "{not json: and no colon-split rule")
+
+
+def test_the_hint_of_a_key_with_parts_is_the_end_of_its_public_id() -> None:
+    key_file = json.dumps(SERVICE_ACCOUNT | {"private_key_id": "0123456789abcdef"}, indent=2)
+    assert key_hint(key_file, auth_method="google_service_account") == "…cdef"
+    assert key_hint(f"{EXAMPLE_ID}:{EXAMPLE_SECRET}:token", auth_method="aws_sigv4") == "…MPLE"
+    assert key_hint("not-a-key-file-at-all", auth_method="google_service_account") is None
+    assert key_hint("sk-plain-opaque-key-wxyz", auth_method="bearer") == "…wxyz"

@@ -248,6 +248,7 @@ async def test_a_malformed_key_is_refused_at_every_place_a_key_is_set(
     template = {"provider": "vertex", "template": "vertex-generate-content", "api_key": account.key_file}
     created = await client.post(integrations_url, json=template)
     assert created.status_code == 201, created.text
+    assert created.json()["key"]["hint"] == "…" + account.key_id[-4:]  # the key id's end, as Google's console shows
     for key in malformed_keys(account):
         refused_without_echo(await client.put(f"{integrations_url}/vertex/key", json={"api_key": key}), key)
     assert (await client.get(f"{integrations_url}/vertex")).json()["key"] == created.json()["key"]  # kept

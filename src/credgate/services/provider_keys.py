@@ -4,7 +4,7 @@ from datetime import datetime
 
 from credgate.crypto import KeyRing, Secret, secret_binding
 from credgate.errors import InvalidInput
-from credgate.key_shapes import check_key_shape_for
+from credgate.key_shapes import aws_key_parts, check_key_shape_for, service_account_info
 from credgate.limits import MAX_KEY_LENGTH
 from credgate.storage.models import Integration, ProviderKey
 
@@ -36,7 +36,16 @@ def clean_api_key(api_key: str, *, auth_method: str) -> str:
     return api_key
 
 
-def key_hint(api_key: str) -> str | None:
+def key_hint(api_key: str, *, auth_method: str = "") -> str | None:
+    """The end of what identifies the key: for a key with parts, of its public id (Google's private_key_id, AWS's
+    access key id), which its console shows too, never of the private part; else of the key itself."""
+    try:
+        if auth_method == "google_service_account":
+            return "…" + str(service_account_info(api_key)["private_key_id"])[-4:]
+        if auth_method == "aws_sigv4":
+            return "…" + aws_key_parts(api_key)[0][-4:]
+    except ValueError:
+        return None
     return "…" + api_key[-4:] if len(api_key) >= _HINT_MIN_LENGTH else None
 
 
@@ -47,7 +56,8 @@ def _binding(integration: Integration) -> bytes:
 def seal_provider_key(keyring: KeyRing, integration: Integration, api_key: str, *, now: datetime) -> None:
     """Store `api_key` on the integration, sealed; replaces (rotates) any earlier key."""
     ciphertext = keyring.seal(api_key.encode(), aad=_binding(integration))
-    fields = {"ciphertext": ciphertext, "master_key_id": keyring.primary_key_id, "hint": key_hint(api_key)}
+    hint = key_hint(api_key, auth_method=integration.auth["method"])
+    fields = {"ciphertext": ciphertext, "master_key_id": keyring.primary_key_id, "hint": hint}
     if integration.key is None:
         integration.key = ProviderKey(updated_at=now, **fields)
     else:
