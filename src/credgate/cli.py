@@ -408,6 +408,12 @@ def _parse_pairs(option: str, pairs: tuple[str, ...]) -> dict[str, str] | None:
     return parsed
 
 
+_PRIVATE_NETWORK_HELP = (
+    "An exception to the SSRF guard for this integration alone (repeatable): an IP network (10.0.0.0/8), an "
+    "address or a host name it may reach although not public, over plain http too; never link-local or metadata."
+)
+
+
 @integrations_group.command("list")
 @click.argument("project_id")
 @pass_settings
@@ -432,6 +438,7 @@ def integrations_show(settings: Settings, project_id: str, provider: str) -> Non
 @click.option("--base-url", help="Required for a custom integration; overrides the template's.")
 @click.option("--auth", help='Custom integrations: JSON, e.g. \'{"method": "header", "name": "x-api-key"}\'.')
 @click.option("--api-key-stdin", is_flag=True, help="Read the provider API key from standard input.")
+@click.option("--private-network", "private_networks", multiple=True, help=_PRIVATE_NETWORK_HELP)
 @pass_settings
 def integrations_add(
     settings: Settings,
@@ -441,11 +448,13 @@ def integrations_add(
     base_url: str | None,
     auth: str | None,
     api_key_stdin: bool,
+    private_networks: tuple[str, ...],
 ) -> None:
     """Set a provider up in a project, from a template or custom."""
     api_key = _read_secret("API key") if api_key_stdin else None
     fields: dict[str, Any] = {"provider": provider, "template": template, "base_url": base_url, "api_key": api_key}
     fields["auth"] = _parse_auth(auth)
+    fields["private_networks"] = list(private_networks) or None
     try:
         request = IntegrationIn.model_validate({name: value for name, value in fields.items() if value is not None})
     except ValidationError as error:
@@ -460,6 +469,7 @@ def integrations_add(
             api_key=request.api_key.get_secret_value() if request.api_key else None,
             base_url=request.base_url,
             auth=request.auth,
+            private_networks=request.private_networks,
             actor=_actor(),
         )
         return integration
@@ -482,6 +492,10 @@ def integrations_add(
 )
 @click.option("--header", "headers", multiple=True, help="NAME=VALUE; replaces all default headers.")
 @click.option("--query", "query", multiple=True, help="NAME=VALUE; replaces all default query parameters.")
+@click.option(
+    "--private-network", "private_networks", multiple=True, help=_PRIVATE_NETWORK_HELP + " Replaces the list."
+)
+@click.option("--no-private-networks", is_flag=True, help="Remove every exception: the full SSRF guard again.")
 @pass_settings
 def integrations_update(
     settings: Settings,
@@ -494,8 +508,12 @@ def integrations_update(
     stream_idle_timeout: float | None,
     headers: tuple[str, ...],
     query: tuple[str, ...],
+    private_networks: tuple[str, ...],
+    no_private_networks: bool,
 ) -> None:
     """Change an integration's settings."""
+    if private_networks and no_private_networks:
+        _fail("--private-network and --no-private-networks exclude each other", 2)
     fields = {
         "base_url": base_url,
         "auth": _parse_auth(auth),
@@ -504,6 +522,7 @@ def integrations_update(
         "stream_idle_timeout_seconds": stream_idle_timeout,
         "headers": _parse_pairs("--header", headers),
         "query": _parse_pairs("--query", query),
+        "private_networks": [] if no_private_networks else list(private_networks) or None,
     }
     try:
         patch = IntegrationPatchIn.model_validate({name: value for name, value in fields.items() if value is not None})

@@ -15,7 +15,8 @@ CHAT, IMAGES = "openai-chat-completions", "openai-image-generations"
 OPENAI = "https://api.openai.com/v1"
 INTEGRATION_KEYS = {
     "provider", "base_url", "auth", "templates", "endpoints", "headers", "query",
-    "enabled", "timeout_seconds", "stream_idle_timeout_seconds", "key", "created_at", "updated_at",
+    "enabled", "timeout_seconds", "stream_idle_timeout_seconds", "private_networks", "key", "created_at",
+    "updated_at",
 }  # fmt: skip
 
 
@@ -70,7 +71,7 @@ async def test_template_integration(client: httpx.AsyncClient) -> None:
     expected = {
         "provider": "openai", "base_url": OPENAI, "auth": {"method": "bearer"}, "templates": [CHAT],
         "endpoints": [{"method": "POST", "path": "chat/completions"}], "enabled": True, "timeout_seconds": 600,
-        "stream_idle_timeout_seconds": 300,
+        "stream_idle_timeout_seconds": 300, "private_networks": [],
     }  # fmt: skip
     assert {name: integration[name] for name in expected} == expected
     assert (integration["key"]["status"], integration["key"]["hint"]) == ("active", "…uvwx")

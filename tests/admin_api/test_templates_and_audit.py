@@ -8,7 +8,7 @@ import httpx
 KEY = "sk-test-" + "abcdefghijklmnopqrst" + "uvwx"
 OTHER_KEY = "sk-test-" + "zyxwvutsrqponmlkjihg" + "9876"
 TEMPLATE_KEYS = {"id", "provider", "name", "description", "base_url", "auth", "endpoints", "headers", "query"}
-AUDIT_KEYS = {"at", "actor", "action", "project_id", "provider"}
+AUDIT_KEYS = {"at", "actor", "action", "project_id", "provider", "detail"}
 
 
 async def templates(client: httpx.AsyncClient) -> dict[str, dict[str, Any]]:

@@ -161,6 +161,7 @@ async def create_integration(
         api_key=body.api_key.get_secret_value() if body.api_key is not None else None,
         base_url=body.base_url,
         auth=body.auth,
+        private_networks=body.private_networks,
         actor=actor,
     )
     if not created:

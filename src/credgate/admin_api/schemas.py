@@ -19,6 +19,7 @@ from credgate.limits import (
     TemplateId,
     TimeoutSeconds,
 )
+from credgate.netguard import PrivateNetworkList
 from credgate.services.projects import current_token
 from credgate.services.verification import Verification
 from credgate.specs import AuthSpec, BaseUrl, Endpoint, HeaderMap, ProviderName, QueryMap
@@ -149,10 +150,16 @@ class TemplateOut(BaseModel):
 
 # integrations
 
+PRIVATE_NETWORKS_HELP = (
+    "Exceptions to the SSRF guard for this integration alone (admins only; audited): IP networks in CIDR form, "
+    "single addresses or host names it may reach although they are not public, over plain http too. Link-local "
+    "ranges and cloud metadata addresses are never allowed. [] removes every exception."
+)
+
 
 class IntegrationIn(In):
     """Either a template (`template`, `api_key` at first setup, optional `base_url`) or a custom
-    integration (`base_url`, `api_key`, optional `auth`)."""
+    integration (`base_url`, `api_key`, optional `auth`); either may list `private_networks`."""
 
     provider: ProviderName
     verify: bool = False
@@ -160,6 +167,7 @@ class IntegrationIn(In):
     api_key: ApiKey | None = None
     base_url: BaseUrl | None = None
     auth: AuthSpec | None = None
+    private_networks: PrivateNetworkList | None = Field(default=None, description=PRIVATE_NETWORKS_HELP)
 
 
 class IntegrationPatchIn(In):
@@ -170,6 +178,7 @@ class IntegrationPatchIn(In):
     query: QueryMap | None = None
     timeout_seconds: TimeoutSeconds | None = None
     stream_idle_timeout_seconds: StreamIdleTimeoutSeconds | None = None
+    private_networks: PrivateNetworkList | None = Field(default=None, description=PRIVATE_NETWORKS_HELP)
 
 
 class EndpointsIn(In):
@@ -198,6 +207,7 @@ class IntegrationOut(BaseModel):
     enabled: bool
     timeout_seconds: float
     stream_idle_timeout_seconds: float
+    private_networks: list[str]
     key: KeyOut
     created_at: datetime
     updated_at: datetime
@@ -217,6 +227,7 @@ class IntegrationOut(BaseModel):
             enabled=integration.enabled,
             timeout_seconds=integration.timeout_seconds,
             stream_idle_timeout_seconds=integration.stream_idle_timeout_seconds,
+            private_networks=list(integration.private_networks),
             key=KeyOut(
                 status="active" if active else "revoked",
                 hint=key.hint if key is not None and active else None,
@@ -252,11 +263,17 @@ class AuditEventOut(BaseModel):
     action: str
     project_id: str | None
     provider: str | None
+    detail: dict[str, Any] | None  # what changed, for the changes recorded in full (integration.private_networks)
 
     @classmethod
     def of(cls, event: AuditEvent) -> Self:
         return cls(
-            at=event.at, actor=event.actor, action=event.action, project_id=event.project_id, provider=event.provider
+            at=event.at,
+            actor=event.actor,
+            action=event.action,
+            project_id=event.project_id,
+            provider=event.provider,
+            detail=event.detail,
         )
 
 

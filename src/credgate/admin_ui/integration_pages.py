@@ -211,6 +211,7 @@ async def custom_submit(request: Request) -> Response:
     api_key = str(form.get("api_key") or "")
     if not api_key.strip():
         errors["api_key"] = "Enter the API key."
+    values["private_networks"] = str(form.get("private_networks") or "")
     if not errors:
         try:
             await integrations.add_custom_integration(
@@ -220,6 +221,7 @@ async def custom_submit(request: Request) -> Response:
                 base_url=base_url,
                 api_key=api_key,
                 auth=auth,
+                private_networks=_lines(values["private_networks"]),
                 actor=current.actor,
             )
         except InvalidInput as error:
@@ -273,6 +275,11 @@ async def endpoints_submit(request: Request) -> Response:
     return redirect(f"/admin/projects/{project_id}/integrations/{provider}/endpoints")
 
 
+def _lines(text: str) -> list[str]:
+    """One entry per non-blank line (private_networks)."""
+    return [line.strip() for line in text.splitlines() if line.strip()]
+
+
 def _pairs(text: str) -> dict[str, str]:
     """`Name: value` lines (headers) or `name=value` lines (query parameters)."""
     pairs = {}
@@ -293,7 +300,10 @@ async def settings_submit(request: Request) -> Response:
     current = await visit(request)
     form = await form_of(request, current)
     errors: dict[str, str] = {}
-    changes: dict[str, Any] = {"enabled": form.get("enabled") == "on"}
+    changes: dict[str, Any] = {
+        "enabled": form.get("enabled") == "on",
+        "private_networks": _lines(str(form.get("private_networks") or "")),
+    }
     for name, parse in (("headers", _headers), ("query", _query)):
         try:
             changes[name] = parse.validate_python(_pairs(field(form, name)))
