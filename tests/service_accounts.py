@@ -2,6 +2,7 @@
 self-signed certificate, which is what Google publishes for a service account's key and what google-auth
 verifies a JWT with. Every key file and private key is registered with the secret sweep."""
 
+import asyncio
 import datetime
 import json
 import secrets
@@ -100,6 +101,7 @@ class GoogleTokenEndpoint:
     headers: list[dict[str, Any]] = field(default_factory=list)  # and their JWT headers
     issued: list[str] = field(default_factory=list)  # the access tokens handed out
     refused: list[str] = field(default_factory=list)  # why each refused request was refused
+    delay: float = 0.0  # seconds before answering
 
     def verify(self, form: dict[str, str]) -> dict[str, Any]:
         if set(form) != {"grant_type", "assertion"} or form["grant_type"] != JWT_BEARER_GRANT:
@@ -122,6 +124,7 @@ async def run_google_token_endpoint(*accounts: ServiceAccount) -> AsyncIterator[
     async def token(request: web.Request) -> web.Response:
         body = await request.read()
         state.bodies.append(body)
+        await asyncio.sleep(state.delay)
         if request.content_type != "application/x-www-form-urlencoded":
             state.refused.append("not a form")
             return web.json_response({"error": "invalid_request"}, status=400)

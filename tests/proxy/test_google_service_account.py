@@ -167,6 +167,27 @@ async def test_the_access_token_is_fetched_once_and_cached(
     assert len(token_endpoint.bodies) == 1
 
 
+async def test_a_request_that_leaves_mid_fetch_does_not_strand_the_others(
+    broker: TokenBroker, token_endpoint: GoogleTokenEndpoint, account: ServiceAccount
+) -> None:
+    """The first request's client goes away while the token is being fetched: the requests that wait on the
+    same fetch still get the token, and the fetch is not repeated."""
+    spec = GoogleServiceAccountAuth(method="google_service_account", token_url=token_endpoint.url)
+    integration, key = vertex(spec, account.key_file), Secret(account.key_file)
+    token_endpoint.delay = 0.3
+    first = asyncio.create_task(broker.access_token(project_id="prj_1", integration=integration, secret=key))
+    await asyncio.sleep(0.1)  # the fetch has started
+    waiting = asyncio.create_task(broker.access_token(project_id="prj_1", integration=integration, secret=key))
+    await asyncio.sleep(0)
+    first.cancel()
+    token = await asyncio.wait_for(waiting, timeout=5)
+    assert token.reveal() == token_endpoint.issued[0]
+    assert first.cancelled()
+    assert len(token_endpoint.bodies) == 1
+    later = await broker.access_token(project_id="prj_1", integration=integration, secret=key)
+    assert later.reveal() == token.reveal()
+
+
 async def test_an_assertion_signed_with_another_key_is_refused_by_google_and_is_a_502(
     broker: TokenBroker, token_endpoint: GoogleTokenEndpoint, account: ServiceAccount
 ) -> None:

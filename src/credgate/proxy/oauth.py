@@ -71,22 +71,26 @@ class TokenBroker:
             raise failed[1]
         pending = self._fetching.get(key)
         if pending is None:
-            pending = asyncio.get_running_loop().create_future()
+            # A task of its own, not the first request's: were that request's client to leave mid-fetch, its
+            # cancellation would otherwise leave every request waiting on the same fetch waiting for ever.
+            pending = asyncio.ensure_future(self._fetch_into_cache(key, project_id, integration, secret))
             self._fetching[key] = pending
-            try:
-                fetched = await self._fetch(project_id, integration, secret)
-            except BadGateway as error:
-                self._failed_until[key] = (self._clock() + _FAILURE_PAUSE_SECONDS, error)
-                pending.set_exception(error)
-                pending.exception()  # retrieved here, so an unawaited failure is not reported
-                raise
-            finally:
-                del self._fetching[key]
-            self._tokens[key] = fetched
-            self._failed_until.pop(key, None)
-            pending.set_result(fetched)
-            return fetched.access_token
+            pending.add_done_callback(_retrieve)
         return (await asyncio.shield(pending)).access_token
+
+    async def _fetch_into_cache(
+        self, key: tuple[object, ...], project_id: str, integration: ResolvedIntegration, secret: Secret
+    ) -> _Cached:
+        try:
+            fetched = await self._fetch(project_id, integration, secret)
+        except BadGateway as error:
+            self._failed_until[key] = (self._clock() + _FAILURE_PAUSE_SECONDS, error)
+            raise
+        finally:
+            del self._fetching[key]
+        self._tokens[key] = fetched
+        self._failed_until.pop(key, None)
+        return fetched
 
     async def _fetch(self, project_id: str, integration: ResolvedIntegration, secret: Secret) -> _Cached:
         spec = integration.auth
@@ -132,6 +136,12 @@ class TokenBroker:
             await self._store_refresh_token(project_id, provider, new_refresh)
         renew_before = min(_RENEW_BEFORE_SECONDS, lifetime / 2)
         return _Cached(access_token=Secret(access_token), renew_at=self._clock() + lifetime - renew_before)
+
+
+def _retrieve(fetch: asyncio.Future[_Cached]) -> None:
+    """A failure no request awaits any more (all of them left) is not reported as never retrieved."""
+    if not fetch.cancelled():
+        fetch.exception()
 
 
 def _lifetime(expires_in: object) -> float:
