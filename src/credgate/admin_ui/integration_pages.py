@@ -129,7 +129,7 @@ async def review(request: Request) -> Response:
         return redirect(f"/admin/projects/{project_id}/add")
     project = await projects.get_project(current.ctx, project_id=project_id)
     template = current.ctx.templates[pending.template_id]
-    hint = key_hint(pending.api_key.reveal()) if pending.api_key else None
+    hint = key_hint(pending.api_key.reveal(), auth_method=template.auth.method) if pending.api_key else None
     context = {"project": project, "pending": pending, "template": template, "hint": hint}
     return render(request, "add_review.html", context, current=current)
 
