@@ -101,7 +101,7 @@ def describe(kind: object) -> str:
         if "longest" not in bounds:
             return f"at least {bounds.get('shortest', 0)} characters"
         return f"{bounds.get('shortest', 0)} to {bounds['longest']} characters"
-    if base is list:
+    if base is list or getattr(base, "__origin__", None) is list:
         return f"a list of at most {bounds['longest']} entries" if "longest" in bounds else "a list"
     if base is AwareDatetime:
         return f"an RFC 3339 time with a zone offset, between {EARLIEST.date()} and {LATEST.date()}"
