@@ -6,7 +6,8 @@ import httpx
 import pytest
 
 from credgate.crypto import Secret
-from credgate.services.access import ResolvedIntegration, resolve_access
+from credgate.resolved import ResolvedIntegration
+from credgate.services.access import resolve_access
 from credgate.services.context import Context
 
 KEY = "sk-test-" + "abcdefghijklmnopqrst" + "uvwx"

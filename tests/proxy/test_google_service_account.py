@@ -21,8 +21,8 @@ from credgate.crypto import Secret
 from credgate.errors import BadGateway
 from credgate.proxy.oauth import TokenBroker
 from credgate.proxy.upstreams import Upstreams
+from credgate.resolved import ResolvedIntegration
 from credgate.services import integrations, projects
-from credgate.services.access import ResolvedIntegration
 from credgate.services.context import Context
 from credgate.services.integrations import IntegrationChanges
 from credgate.specs import BearerAuth, GoogleServiceAccountAuth

@@ -17,7 +17,7 @@ from credgate.proxy.plan import (
     response_headers,
     split_target,
 )
-from credgate.services.access import ResolvedIntegration
+from credgate.resolved import ResolvedIntegration
 from credgate.specs import AuthSpec, BasicAuth, BearerAuth, Endpoint, HeaderAuth, QueryAuth
 
 TOKEN = "cgp_" + "t" * 43

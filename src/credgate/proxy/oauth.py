@@ -23,7 +23,7 @@ from credgate.errors import BadGateway
 from credgate.key_shapes import service_account_info
 from credgate.proxy.guard import NonPublicAddress
 from credgate.proxy.upstreams import Upstreams
-from credgate.services.access import ResolvedIntegration
+from credgate.resolved import ResolvedIntegration
 from credgate.specs import GoogleServiceAccountAuth, OAuth2ClientCredentialsAuth, OAuth2RefreshTokenAuth
 
 logger = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ from credgate import specs
 from credgate.crypto import Secret
 from credgate.errors import BadRequest, MethodNotAllowed
 from credgate.paths import MalformedPath, parse_path, path_matches
-from credgate.services.access import ResolvedIntegration
+from credgate.resolved import ResolvedIntegration
 from credgate.specs import PROVIDER_NAME, AuthSpec, Endpoint
 
 Headers = list[tuple[bytes, bytes]]

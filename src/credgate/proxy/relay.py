@@ -47,7 +47,8 @@ from credgate.proxy.plan import (
 )
 from credgate.proxy.sigv4 import sign
 from credgate.proxy.upstreams import Upstreams
-from credgate.services.access import Access, ResolvedIntegration, resolve_access
+from credgate.resolved import ResolvedIntegration
+from credgate.services.access import Access, resolve_access
 from credgate.services.context import Context
 from credgate.services.integrations import store_rotated_refresh_token
 from credgate.services.usage import (

@@ -12,8 +12,9 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
-from credgate.crypto import Secret, hash_token
-from credgate.netguard import NO_PRIVATE_NETWORKS, PrivateNetworks
+from credgate.crypto import hash_token
+from credgate.netguard import PrivateNetworks
+from credgate.resolved import ResolvedIntegration
 from credgate.services.context import CHANGE_MARKER, Context
 from credgate.services.projects import PROJECT_TOKEN_PREFIX
 from credgate.services.provider_keys import open_provider_key
@@ -27,24 +28,6 @@ LOOKUP_TIMEOUT_SECONDS = 5.0
 logger = logging.getLogger(__name__)
 _auth_adapter: TypeAdapter[AuthSpec] = TypeAdapter(AuthSpec)
 _endpoints_adapter = TypeAdapter(tuple[Endpoint, ...])
-
-
-@dataclass(frozen=True, slots=True)
-class ResolvedIntegration:
-    """An integration as the proxy uses it, with its credential opened (None once revoked)."""
-
-    provider: str
-    base_url: str
-    auth: AuthSpec
-    endpoints: tuple[Endpoint, ...]
-    headers: dict[str, str]
-    query: dict[str, str]
-    enabled: bool
-    timeout_seconds: float
-    stream_idle_timeout_seconds: float  # a started response that sends nothing this long is cut off
-    credential: Secret | None
-    # The admin's exceptions to the SSRF guard for this integration alone (README, Security).
-    private_networks: PrivateNetworks = NO_PRIVATE_NETWORKS
 
 
 @dataclass(frozen=True, slots=True)

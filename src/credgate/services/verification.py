@@ -5,7 +5,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from credgate.paths import rebase_path
-from credgate.services.access import ResolvedIntegration, resolved_integration
+from credgate.resolved import ResolvedIntegration
+from credgate.services.access import resolved_integration
 from credgate.services.context import Context
 from credgate.services.integrations import get_integration
 from credgate.specs import Endpoint

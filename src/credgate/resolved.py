@@ -1,0 +1,26 @@
+"""An integration as the proxy uses it: plain data, settled from storage by the services and read by the
+proxy's pure planning, which therefore loads neither the database layer nor the HTTP client."""
+
+from dataclasses import dataclass
+
+from credgate.crypto import Secret
+from credgate.netguard import NO_PRIVATE_NETWORKS, PrivateNetworks
+from credgate.specs import AuthSpec, Endpoint
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedIntegration:
+    """An integration as the proxy uses it, with its credential opened (None once revoked)."""
+
+    provider: str
+    base_url: str
+    auth: AuthSpec
+    endpoints: tuple[Endpoint, ...]
+    headers: dict[str, str]
+    query: dict[str, str]
+    enabled: bool
+    timeout_seconds: float
+    stream_idle_timeout_seconds: float  # a started response that sends nothing this long is cut off
+    credential: Secret | None
+    # The admin's exceptions to the SSRF guard for this integration alone (README, Security).
+    private_networks: PrivateNetworks = NO_PRIVATE_NETWORKS
