@@ -11,9 +11,9 @@ from aiohttp import web
 from aiohttp.abc import AbstractResolver
 
 from credgate.netguard import NO_PRIVATE_NETWORKS, PrivateNetworks
+from credgate.proxy import create_http_session
 from credgate.proxy import upstreams as upstreams_module
 from credgate.proxy.guard import NonPublicAddress, PrivateNetworksResolver
-from credgate.proxy.relay import create_http_session
 from credgate.proxy.upstreams import Upstreams
 
 LOOPBACK = PrivateNetworks.of(["127.0.0.1"])

@@ -32,7 +32,7 @@ from cryptography.x509.oid import NameOID
 
 from credgate.app import create_app
 from credgate.config import Settings
-from credgate.proxy.relay import create_http_session
+from credgate.proxy import create_http_session
 from credgate.services.context import Context
 from credgate.specs import OAuth2ClientCredentialsAuth
 from tests.conftest import POSTGRES_URL, REQUIRE_POSTGRES

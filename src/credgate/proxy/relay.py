@@ -4,23 +4,16 @@ exactly as received. After `http.response.start` an error can only abort the res
 """
 
 import asyncio
-import functools
 import logging
-import ssl
 import time
-from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 
 import aiohttp
-from aiohttp.abc import AbstractResolver
-from aiohttp.client_proto import ResponseHandler
-from aiohttp.helpers import _EXC_SENTINEL
 from starlette.types import Receive, Scope, Send
 from yarl import URL
 
 from credgate.config import Settings
 from credgate.crypto import Secret
-from credgate.error_responses import ERROR_HEADER, error_body
 from credgate.errors import (
     BadGateway,
     Forbidden,
@@ -33,7 +26,16 @@ from credgate.errors import (
     Unauthorized,
     Unavailable,
 )
-from credgate.proxy.guard import NonPublicAddress, PublicOnlyResolver
+from credgate.proxy.client import (
+    BodyProblem,
+    BodyTooLarge,
+    ClientIdle,
+    ClientWatch,
+    RequestBody,
+    content_length,
+    send_error,
+)
+from credgate.proxy.guard import NonPublicAddress
 from credgate.proxy.limits import RateLimiter, retry_after_header
 from credgate.proxy.oauth import TokenBroker
 from credgate.proxy.plan import (
@@ -46,7 +48,7 @@ from credgate.proxy.plan import (
     split_target,
 )
 from credgate.proxy.sigv4 import sign
-from credgate.proxy.upstreams import Upstreams
+from credgate.proxy.upstreams import Upstreams, create_http_session
 from credgate.resolved import ResolvedIntegration
 from credgate.services.access import Access, resolve_access
 from credgate.services.context import Context
@@ -62,12 +64,10 @@ from credgate.services.verification import Verification, verdict
 from credgate.specs import METHODS, OAUTH2_METHODS, PROVIDER_NAME, AwsSigV4Auth, Endpoint
 
 logger = logging.getLogger(__name__)
-WATCH_DELAY_SECONDS = 0.2
 _VERIFY_TIMEOUT = aiohttp.ClientTimeout(total=15)
 UNAUTHORIZED_MESSAGE = "invalid project token or expired authentication"
 # RFC 6750: a 401 names the scheme the client should use.
 _CHALLENGE = {"WWW-Authenticate": 'Bearer realm="credgate"'}
-_JSON_ERROR_HEADERS = [(b"content-type", b"application/json"), (ERROR_HEADER.encode(), b"true")]
 
 
 def _not_public(provider: str) -> BadGateway:
@@ -83,69 +83,6 @@ def _internal_error(request_id: str) -> ServiceError:
 
 def _unauthorized() -> Unauthorized:
     return Unauthorized(UNAUTHORIZED_MESSAGE, headers=_CHALLENGE)
-
-
-class _BodyProblem(Exception):
-    """The client's body could not be relayed."""
-
-
-class _BodyTooLarge(_BodyProblem):
-    pass
-
-
-class _ClientGone(_BodyProblem):
-    pass
-
-
-class _ClientIdle(_BodyProblem):
-    pass
-
-
-class _FramingAwareResponseHandler(ResponseHandler):
-    """aiohttp hands a parser error (broken chunk framing after good bytes, say) to the connection only, and a
-    reader of the body then waits forever: hand it to the body too, so the relay cuts the response at once."""
-
-    def set_exception(self, exc: BaseException, exc_cause: BaseException = _EXC_SENTINEL) -> None:
-        payload = self._payload
-        if payload is not None and not payload.is_eof():
-            payload.set_exception(aiohttp.ClientPayloadError("the upstream broke the response's framing"), exc)
-        super().set_exception(exc, exc_cause)
-
-
-def _tls_context() -> ssl.SSLContext:
-    """Verified TLS, built without the environment: Python's default context would write every session secret
-    (and with it the provider keys on the wire) to a file named by SSLKEYLOGFILE."""
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # hostname checks and certificate verification on
-    context.load_default_certs()
-    return context
-
-
-def create_http_session(
-    *, allow_private_upstreams: bool, max_connections: int = 1000, resolver: AbstractResolver | None = None
-) -> aiohttp.ClientSession:
-    """The outbound client: raw bytes both ways, no redirects, no headers of its own, and (unless private
-    upstreams are allowed) public addresses only, or what `resolver` admits (an integration's exceptions)."""
-    connector = aiohttp.TCPConnector(
-        limit=max_connections,
-        limit_per_host=0,
-        ttl_dns_cache=10,
-        enable_cleanup_closed=True,
-        resolver=None if allow_private_upstreams else resolver or PublicOnlyResolver(),
-        ssl=_tls_context(),
-    )
-    connector._factory = functools.partial(_FramingAwareResponseHandler, loop=asyncio.get_running_loop())  # type: ignore[assignment]
-    session = aiohttp.ClientSession(
-        connector=connector,
-        auto_decompress=False,
-        skip_auto_headers=("User-Agent", "Accept-Encoding", "Content-Type"),
-        timeout=aiohttp.ClientTimeout(total=None, sock_connect=30),
-        cookie_jar=aiohttp.DummyCookieJar(),
-        trust_env=False,
-    )
-    # aiohttp resends an idempotent request when a reused connection drops before the answer; a gateway must
-    # not (the upstream may have acted on it). No public switch exists; its own test utilities set this one.
-    session._retry_connection = False
-    return session
 
 
 class ProxyApp:
@@ -168,7 +105,6 @@ class ProxyApp:
         self.client_idle_seconds = settings.client_body_timeout_seconds
         self.rate_limiter = RateLimiter()
         self.in_flight = 0
-        self.allow_private_upstreams = settings.allow_private_upstreams
         # The shared public-only session, and one per integration's list of exceptions to the guard.
         self.upstreams = Upstreams(
             session,
@@ -185,7 +121,7 @@ class ProxyApp:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.in_flight >= self.max_in_flight:
             request_id = scope["state"]["request_id"]
-            await _send_error(send, Unavailable(f"gateway overloaded; retry later (request id {request_id})"))
+            await send_error(send, Unavailable(f"gateway overloaded; retry later (request id {request_id})"))
             return
         self.in_flight += 1
         try:
@@ -201,10 +137,10 @@ class ProxyApp:
             check_method(scope["method"])
             access, token = await self._authenticate(scope, provider)
         except ServiceError as error:
-            await _send_error(send, error)
+            await send_error(send, error)
             return
         except Exception:
-            await _send_error(send, _internal_error(scope["state"]["request_id"]))
+            await send_error(send, _internal_error(scope["state"]["request_id"]))
             return
         record = ProxiedRequest(
             at=datetime.now(UTC),
@@ -220,13 +156,13 @@ class ProxyApp:
             await self._relay(scope, receive, send, integration, credential, length, raw_endpoint, record, token)
         except ServiceError as error:
             record.status = error.status
-            record.response_bytes = await _send_error(send, error)
+            record.response_bytes = await send_error(send, error)
         except Exception:
             if record.status:
                 raise  # the response has started: it can only be cut off (uvicorn closes the connection)
             internal = _internal_error(record.request_id)
             record.status = internal.status
-            record.response_bytes = await _send_error(send, internal)
+            record.response_bytes = await send_error(send, internal)
         finally:
             record.duration_ms = (time.perf_counter() - started) * 1000
             self.recorder.record(record)
@@ -265,7 +201,7 @@ class ProxyApp:
         method: str = scope["method"]
         if method not in METHODS or not endpoint_allowed(method, segments, integration.endpoints):
             raise Forbidden(f"{method} {'/'.join(segments)} is not an enabled endpoint of {provider}")
-        length = _content_length(scope["headers"])
+        length = content_length(scope["headers"])
         if length is not None and length > self.max_request_bytes:
             raise PayloadTooLarge(f"request body over the limit of {self.max_request_bytes} bytes")
         if access.rate_limit_per_minute is not None:
@@ -333,13 +269,13 @@ class ProxyApp:
         except ServiceError:
             watch.stop()
             raise
-        except (_BodyProblem, aiohttp.ClientError, OSError, ValueError) as error:
+        except (BodyProblem, aiohttp.ClientError, OSError, ValueError) as error:
             watch.stop()
             # aiohttp wraps what the body generator raised, so the body's own state says what happened.
             record.request_bytes = body.received
-            if isinstance(body.problem, _BodyTooLarge):
+            if isinstance(body.problem, BodyTooLarge):
                 raise PayloadTooLarge(f"request body over the limit of {self.max_request_bytes} bytes") from None
-            if isinstance(body.problem, _ClientIdle):
+            if isinstance(body.problem, ClientIdle):
                 raise RequestTimeout("the request body was not sent in time") from None
             if body.problem is not None:
                 record.status = 499  # the client left before its request was complete
@@ -414,7 +350,7 @@ class ProxyApp:
         response: aiohttp.ClientResponse,
         send: Send,
         record: ProxiedRequest,
-        watch: "ClientWatch",
+        watch: ClientWatch,
         query_secrets: tuple[str, ...],
         idle_seconds: float,
     ) -> None:
@@ -453,127 +389,3 @@ class ProxyApp:
                 record.response_bytes,
                 type(error).__name__,
             )
-
-
-class ClientWatch:
-    """Notices a client that leaves once its request is read, and cancels the relay, so the upstream
-    connection is freed whether the upstream is still thinking or streaming (uvicorn's `send` would just
-    drop the bytes and let the relay run on).
-
-    The watching task starts only if the relay is still running after `WATCH_DELAY_SECONDS`: a quick exchange
-    costs a timer, not a task, and a slow one (a generation) notices a departed client within that delay."""
-
-    def __init__(self, receive: Receive) -> None:
-        self._receive = receive
-        self._timer: asyncio.TimerHandle | None = None
-        self._task: asyncio.Task[None] | None = None
-        self._relay = asyncio.current_task()  # the relay, even when start() runs in aiohttp's body writer
-        self.client_gone = False
-        # uvicorn reports a disconnect once the response is complete, too: that one is not a client leaving.
-        self.finishing = False
-
-    def start(self) -> None:
-        if self._relay is not None and self._timer is None:
-            self._timer = asyncio.get_running_loop().call_later(WATCH_DELAY_SECONDS, self._begin)
-
-    def _begin(self) -> None:
-        if self._relay is not None and not self._relay.done():
-            self._task = asyncio.create_task(self._watch(self._relay))
-
-    async def _watch(self, relay: asyncio.Task[object]) -> None:
-        while (await self._receive())["type"] != "http.disconnect":
-            pass
-        if not self.finishing:
-            self.client_gone = True
-            relay.cancel()
-
-    def stop(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        if self._task is not None:
-            self._task.cancel()
-            self._task = None
-
-    def absorb_cancellation(self) -> bool:
-        """True (and the cancellation undone) when it was this watch that cancelled the relay."""
-        task = asyncio.current_task()
-        if self.client_gone and task is not None:
-            task.uncancel()
-            return True
-        return False
-
-
-class RequestBody:
-    """The client's body as the upstream reads it: whole when it came in one piece, else streamed,
-    counted against the limit and the client's idle time either way."""
-
-    def __init__(self, receive: Receive, *, limit: int, idle_seconds: float, on_complete: Callable[[], None]) -> None:
-        self._receive = receive
-        self._on_complete = on_complete
-        self._limit = limit
-        self._idle = idle_seconds
-        self.received = 0
-        self.problem: _BodyProblem | None = None
-
-    async def _next(self) -> tuple[bytes, bool]:
-        try:
-            async with asyncio.timeout(self._idle):
-                message = await self._receive()
-        except TimeoutError:
-            self.problem = _ClientIdle()
-            raise self.problem from None
-        if message["type"] == "http.disconnect":
-            self.problem = _ClientGone()
-            raise self.problem
-        chunk: bytes = message.get("body", b"")
-        self.received += len(chunk)
-        if self.received > self._limit:
-            self.problem = _BodyTooLarge()
-            raise self.problem
-        more = bool(message.get("more_body", False))
-        if not more:
-            self._on_complete()
-        return chunk, more
-
-    async def first(self) -> bytes | AsyncIterator[bytes] | None:
-        chunk, more = await self._next()
-        if not more:
-            return chunk or None
-        return self._rest(chunk)
-
-    async def whole(self, first: bytes | AsyncIterator[bytes] | None) -> bytes:
-        """The whole body, from what `first()` returned."""
-        if first is None or isinstance(first, bytes):
-            return first or b""
-        return b"".join([chunk async for chunk in first])
-
-    async def _rest(self, first: bytes) -> AsyncIterator[bytes]:
-        yield first
-        more = True
-        while more:
-            chunk, more = await self._next()
-            if chunk:
-                yield chunk
-
-
-def _content_length(headers: list[tuple[bytes, bytes]]) -> int | None:
-    for name, value in headers:
-        if name == b"content-length":
-            try:
-                return int(value)
-            except ValueError:
-                return None
-    return None
-
-
-async def _send_error(send: Send, error: ServiceError) -> int:
-    """Answer the service error; returns the body's size."""
-    body = error_body(error.status, error.message)
-    headers = [
-        *_JSON_ERROR_HEADERS,
-        (b"content-length", str(len(body)).encode()),
-        *((name.lower().encode(), value.encode()) for name, value in error.headers.items()),
-    ]
-    await send({"type": "http.response.start", "status": error.status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
-    return len(body)

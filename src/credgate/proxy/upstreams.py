@@ -1,5 +1,6 @@
-"""The outbound sessions: the public-only one that every integration without exceptions shares, and one per
-distinct list of exceptions (an integration's `private_networks`).
+"""The upstream side: how an outbound session is made, and which one serves an integration: the public-only
+one that every integration without exceptions shares, or one per distinct list of exceptions (an integration's
+`private_networks`).
 
 aiohttp pools connections, and caches DNS answers, per connector, by host and port. Were two integrations to call
 the same host:port through one session, a connection opened under one's exception would serve the other, which
@@ -9,21 +10,72 @@ integrations with the same list (in any order) share it, since the same calls ar
 
 import asyncio
 import contextlib
+import functools
+import ssl
 from collections import OrderedDict
 from collections.abc import Callable
 
 import aiohttp
 from aiohttp.abc import AbstractResolver
+from aiohttp.client_proto import ResponseHandler
+from aiohttp.helpers import _EXC_SENTINEL
 from yarl import URL
 
 from credgate.netguard import PrivateNetworks
-from credgate.proxy.guard import PrivateNetworksResolver
+from credgate.proxy.guard import PrivateNetworksResolver, PublicOnlyResolver
 
 # Distinct lists with a session open at once; beyond that the least recently used one is closed once idle.
 MAX_EXCEPTION_SESSIONS = 64
 _IDLE_CHECK_SECONDS = 1.0
 _MAX_REMEMBERED_URLS = 10_000
 SessionFactory = Callable[[AbstractResolver], aiohttp.ClientSession]
+
+
+class _FramingAwareResponseHandler(ResponseHandler):
+    """aiohttp hands a parser error (broken chunk framing after good bytes, say) to the connection only, and a
+    reader of the body then waits forever: hand it to the body too, so the relay cuts the response at once."""
+
+    def set_exception(self, exc: BaseException, exc_cause: BaseException = _EXC_SENTINEL) -> None:
+        payload = self._payload
+        if payload is not None and not payload.is_eof():
+            payload.set_exception(aiohttp.ClientPayloadError("the upstream broke the response's framing"), exc)
+        super().set_exception(exc, exc_cause)
+
+
+def _tls_context() -> ssl.SSLContext:
+    """Verified TLS, built without the environment: Python's default context would write every session secret
+    (and with it the provider keys on the wire) to a file named by SSLKEYLOGFILE."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # hostname checks and certificate verification on
+    context.load_default_certs()
+    return context
+
+
+def create_http_session(
+    *, allow_private_upstreams: bool, max_connections: int = 1000, resolver: AbstractResolver | None = None
+) -> aiohttp.ClientSession:
+    """The outbound client: raw bytes both ways, no redirects, no headers of its own, and (unless private
+    upstreams are allowed) public addresses only, or what `resolver` admits (an integration's exceptions)."""
+    connector = aiohttp.TCPConnector(
+        limit=max_connections,
+        limit_per_host=0,
+        ttl_dns_cache=10,
+        enable_cleanup_closed=True,
+        resolver=None if allow_private_upstreams else resolver or PublicOnlyResolver(),
+        ssl=_tls_context(),
+    )
+    connector._factory = functools.partial(_FramingAwareResponseHandler, loop=asyncio.get_running_loop())  # type: ignore[assignment]
+    session = aiohttp.ClientSession(
+        connector=connector,
+        auto_decompress=False,
+        skip_auto_headers=("User-Agent", "Accept-Encoding", "Content-Type"),
+        timeout=aiohttp.ClientTimeout(total=None, sock_connect=30),
+        cookie_jar=aiohttp.DummyCookieJar(),
+        trust_env=False,
+    )
+    # aiohttp resends an idempotent request when a reused connection drops before the answer; a gateway must
+    # not (the upstream may have acted on it). No public switch exists; its own test utilities set this one.
+    session._retry_connection = False
+    return session
 
 
 class Upstreams:
