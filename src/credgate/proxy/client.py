@@ -130,16 +130,6 @@ class RequestBody:
                 yield chunk
 
 
-def content_length(headers: list[tuple[bytes, bytes]]) -> int | None:
-    for name, value in headers:
-        if name == b"content-length":
-            try:
-                return int(value)
-            except ValueError:
-                return None
-    return None
-
-
 async def send_error(send: Send, error: ServiceError) -> int:
     """Answer the service error; returns the body's size."""
     body = error_body(error.status, error.message)

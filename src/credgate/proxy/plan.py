@@ -9,7 +9,7 @@ from urllib.parse import quote, unquote, unquote_to_bytes
 
 from credgate import specs
 from credgate.crypto import Secret
-from credgate.errors import BadRequest, MethodNotAllowed
+from credgate.errors import BadRequest, Forbidden, MethodNotAllowed, NotFound, PayloadTooLarge
 from credgate.paths import MalformedPath, parse_path, path_matches
 from credgate.resolved import ResolvedIntegration
 from credgate.specs import PROVIDER_NAME, AuthSpec, Endpoint
@@ -102,6 +102,53 @@ def endpoint_allowed(method: str, segments: tuple[str, ...], endpoints: Iterable
         (endpoint.method == "*" or endpoint.method == method) and path_matches(endpoint.path, segments)
         for endpoint in endpoints
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    """A request that passed the checks after the token: its integration, credential and declared length."""
+
+    integration: ResolvedIntegration
+    credential: Secret
+    declared_length: int | None
+
+
+def admit(
+    *,
+    method: str,
+    provider: str,
+    raw_endpoint: str,
+    headers: Headers,
+    integration: ResolvedIntegration | None,
+    max_request_bytes: int,
+) -> Admitted:
+    """The contract's checks after the token, in its order: 400 (target), 404 (no integration), 403 (disabled,
+    key revoked, endpoint not enabled), 413 (declared length). The rate limit (429) comes after, in the relay,
+    since it counts."""
+    segments = check_target(provider, raw_endpoint)
+    if integration is None:
+        raise NotFound(f"this project has no integration {provider}")
+    if not integration.enabled:
+        raise Forbidden(f"integration {provider} is disabled")
+    credential = integration.credential
+    if credential is None:
+        raise Forbidden(f"the provider key of {provider} is revoked; set a new key")
+    if method not in specs.METHODS or not endpoint_allowed(method, segments, integration.endpoints):
+        raise Forbidden(f"{method} {'/'.join(segments)} is not an enabled endpoint of {provider}")
+    length = content_length(headers)
+    if length is not None and length > max_request_bytes:
+        raise PayloadTooLarge(f"request body over the limit of {max_request_bytes} bytes")
+    return Admitted(integration=integration, credential=credential, declared_length=length)
+
+
+def content_length(headers: list[tuple[bytes, bytes]]) -> int | None:
+    for name, value in headers:
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,9 +16,7 @@ from credgate.config import Settings
 from credgate.crypto import Secret
 from credgate.errors import (
     BadGateway,
-    Forbidden,
     GatewayTimeout,
-    NotFound,
     PayloadTooLarge,
     RateLimited,
     RequestTimeout,
@@ -32,16 +30,14 @@ from credgate.proxy.client import (
     ClientIdle,
     ClientWatch,
     RequestBody,
-    content_length,
     send_error,
 )
 from credgate.proxy.guard import NonPublicAddress
 from credgate.proxy.limits import RateLimiter, retry_after_header
 from credgate.proxy.oauth import TokenBroker
 from credgate.proxy.plan import (
+    admit,
     check_method,
-    check_target,
-    endpoint_allowed,
     find_project_token,
     plan_upstream,
     response_headers,
@@ -61,7 +57,7 @@ from credgate.services.usage import (
     UsageRecorder,
 )
 from credgate.services.verification import Verification, verdict
-from credgate.specs import METHODS, OAUTH2_METHODS, PROVIDER_NAME, AwsSigV4Auth, Endpoint
+from credgate.specs import OAUTH2_METHODS, PROVIDER_NAME, AwsSigV4Auth, Endpoint
 
 logger = logging.getLogger(__name__)
 _VERIFY_TIMEOUT = aiohttp.ClientTimeout(total=15)
@@ -187,23 +183,15 @@ class ProxyApp:
     def _authorize(
         self, scope: Scope, access: Access, provider: str, raw_endpoint: str
     ) -> tuple[ResolvedIntegration, Secret, int | None]:
-        """The contract's checks after the token, in its order: 400, 404, 403, 413, 429. Returns the
-        integration, its credential and the request's declared length."""
-        segments = check_target(provider, raw_endpoint)
-        integration = access.integration
-        if integration is None:
-            raise NotFound(f"this project has no integration {provider}")
-        if not integration.enabled:
-            raise Forbidden(f"integration {provider} is disabled")
-        credential = integration.credential
-        if credential is None:
-            raise Forbidden(f"the provider key of {provider} is revoked; set a new key")
-        method: str = scope["method"]
-        if method not in METHODS or not endpoint_allowed(method, segments, integration.endpoints):
-            raise Forbidden(f"{method} {'/'.join(segments)} is not an enabled endpoint of {provider}")
-        length = content_length(scope["headers"])
-        if length is not None and length > self.max_request_bytes:
-            raise PayloadTooLarge(f"request body over the limit of {self.max_request_bytes} bytes")
+        """The pure checks after the token (plan.admit), then the project's rate limit (429), which counts."""
+        admitted = admit(
+            method=scope["method"],
+            provider=provider,
+            raw_endpoint=raw_endpoint,
+            headers=scope["headers"],
+            integration=access.integration,
+            max_request_bytes=self.max_request_bytes,
+        )
         if access.rate_limit_per_minute is not None:
             wait = self.rate_limiter.acquire(access.project_id, access.rate_limit_per_minute)
             if wait:
@@ -211,7 +199,7 @@ class ProxyApp:
                     f"rate limit of {access.rate_limit_per_minute} requests per minute exceeded",
                     headers={"Retry-After": retry_after_header(wait)},
                 )
-        return integration, credential, length
+        return admitted.integration, admitted.credential, admitted.declared_length
 
     async def _relay(
         self,
