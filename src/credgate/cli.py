@@ -38,7 +38,7 @@ from credgate.admin_api.schemas import (
 )
 from credgate.app import create_app
 from credgate.catalog import Template
-from credgate.config import Settings
+from credgate.config import MAX_WORKERS, Settings
 from credgate.crypto import encode_master_key, new_master_key
 from credgate.error_responses import validation_message
 from credgate.errors import Conflict, InvalidInput, NotFound, ServiceError, StartupError
@@ -54,7 +54,7 @@ from credgate.limits import (
     parse_float,
     parse_int,
 )
-from credgate.server import exit_zero_on_sigterm, server_config
+from credgate.server import configure_logging, exit_zero_on_sigterm, run_workers, server_config
 from credgate.services import admins, audit, integrations, master_keys, panel_sessions, projects, usage
 from credgate.services.bootstrap import open_context
 from credgate.services.context import Context
@@ -148,19 +148,57 @@ def main(click_ctx: click.Context) -> None:
 @main.command()
 @click.option("--host", help="Listen address [CREDGATE_HOST, default 127.0.0.1].")
 @click.option("--port", type=int, help="Listen port [CREDGATE_PORT, default 8080].")
+@click.option(
+    "--workers",
+    type=click.IntRange(1, MAX_WORKERS),
+    help=f"Processes sharing the listening socket, 1 to {MAX_WORKERS}: about one per core [CREDGATE_WORKERS, default 1].",
+)
 @pass_settings
-def serve(settings: Settings, host: str | None, port: int | None) -> None:
-    """Run the gateway: proxy, admin API and panel in one process."""
-    settings = settings.model_copy(update={"host": host or settings.host, "port": port or settings.port})
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+def serve(settings: Settings, host: str | None, port: int | None, workers: int | None) -> None:
+    """Run the gateway: proxy, admin API and panel, in one process or in --workers processes."""
+    settings = settings.model_copy(
+        update={"host": host or settings.host, "port": port or settings.port, "workers": workers or settings.workers}
+    )
+    configure_logging(settings)
 
     async def run_server() -> None:
-        ctx = await open_context(settings)
+        ctx = await _open_and_announce(settings)
+        server = uvicorn.Server(server_config(create_app(settings, context=ctx), settings))
+        exit_zero_on_sigterm()
+        asyncio.get_running_loop().call_later(1.0, gc.freeze)  # start-up objects out of the collector's way
+        try:
+            await server.serve()
+        finally:
+            await ctx.database.dispose()
+
+    async def prepare_workers() -> str:
+        """Migrations, the identity check and first-run setup happen here, once, before any worker starts."""
+        ctx = await _open_and_announce(settings)
+        await ctx.database.dispose()
+        if ctx.database.database_id is None:
+            raise AssertionError("unreachable: open_context settles the database's id")
+        return ctx.database.database_id
+
+    try:
+        if settings.workers == 1:
+            _run_loop(run_server())
+        else:
+            run_workers(settings, create_app, database_id=asyncio.run(prepare_workers()))
+    except StartupError as error:
+        _fail(str(error), 5)
+
+
+async def _open_and_announce(settings: Settings) -> Context:
+    """Open (and migrate) the gateway's state, then tell the operator where it serves: once, whatever the workers."""
+    ctx = await open_context(settings)
+    try:
         base = f"http://{settings.host}:{settings.port}"
         click.echo(f"credgate is serving at {base}")
         click.echo(f"  proxy:     {base}/proxy/<provider>/<endpoint>")
         click.echo(f"  panel:     {base}/admin")
         click.echo(f"  admin API: {base}/api/v1 (create an admin token with: credgate admin create-token)")
+        if settings.workers > 1:
+            click.echo(f"  workers:   {settings.workers} processes")
         if settings.allow_private_upstreams:
             # A security-relevant mode must be impossible to miss: on the terminal and in the log.
             warning = (
@@ -175,18 +213,10 @@ def serve(settings: Settings, host: str | None, port: int | None) -> None:
             click.echo(
                 f"\nNo admin exists yet. Create the first one, once, at:\n  {base}/admin/setup?token={setup_token}\n"
             )
-        server = uvicorn.Server(server_config(create_app(settings, context=ctx), settings))
-        exit_zero_on_sigterm()
-        asyncio.get_running_loop().call_later(1.0, gc.freeze)  # start-up objects out of the collector's way
-        try:
-            await server.serve()
-        finally:
-            await ctx.database.dispose()
-
-    try:
-        _run_loop(run_server())
-    except StartupError as error:
-        _fail(str(error), 5)
+    except BaseException:
+        await ctx.database.dispose()
+        raise
+    return ctx
 
 
 def _run_loop(coroutine: Coroutine[Any, Any, None]) -> None:

@@ -7,6 +7,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DATABASE_FILE_NAME = "credgate.db"
 MASTER_KEY_FILE_NAME = "master.key"
+MAX_WORKERS = 256
 
 
 class Settings(BaseSettings):
@@ -19,6 +20,8 @@ class Settings(BaseSettings):
     master_key: SecretStr | None = None
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=0, le=65535)
+    # `credgate serve` processes sharing the listening socket: about one per core (README, Running several workers).
+    workers: int = Field(default=1, ge=1, le=MAX_WORKERS)
     allow_private_upstreams: bool = False
     max_request_bytes: int = Field(default=32 * 1024 * 1024, ge=1)
     # The request line and headers, counted as they arrive: more gets 431 before anything else is done.

@@ -4,23 +4,42 @@ uvicorn's httptools protocol reads a request line and headers of any size, and w
 head is bounded where its bytes arrive, before the parser buffers them: over `max_header_bytes` or
 `MAX_HEADER_COUNT` headers the client gets 431; a head not complete within `head_timeout_seconds` gets 408. In
 both cases the connection closes, so memory per connection stays bounded whatever a client sends.
+
+With `workers` above 1, the parent binds the socket and uvicorn's supervisor runs that many worker processes on
+it (see `run_workers`): each runs the whole gateway, attached to the database the parent checked and migrated.
 """
 
 import asyncio
+import gc
 import logging
 import secrets
 import signal
+import time
+from collections.abc import Callable
 from typing import Any
 
 import uvicorn
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from uvicorn.config import STARTUP_FAILURE
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.supervisors.multiprocess import Multiprocess
 
 from credgate.config import Settings
 from credgate.error_responses import ERROR_HEADER, error_body
+from credgate.errors import StartupError
+from credgate.services.bootstrap import attach_context
+from credgate.services.context import Context
 
 logger = logging.getLogger("credgate.server")
 MAX_HEADER_COUNT = 100  # as Envoy's default: SDKs send about 15, browsers about 25
 LINGER_SECONDS = 1.0
+# The process id tells which worker wrote a line; the level stays right before the logger's name.
+LOG_FORMAT = "%(asctime)s [%(process)d] %(levelname)s %(name)s: %(message)s"
+WORKER_HEALTHCHECK_SECONDS = 10  # a worker that does not answer the supervisor's ping for this long is replaced
+WORKER_EXIT_MARGIN_SECONDS = 5.0  # after the drain, for a worker's shutdown (closing its pools) before it is killed
+
+GatewayFactory = Callable[..., ASGIApp]
+"""`create_app` (settings, *, context): a module-level function, so that it pickles into worker processes."""
 
 
 class _HeadRefused(Exception):
@@ -155,14 +174,22 @@ def exit_zero_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, lambda _signal, _frame: None)
 
 
+def configure_logging(settings: Settings) -> None:
+    logging.basicConfig(level=settings.log_level.upper(), format=LOG_FORMAT)
+
+
 def server_config(app: Any, settings: Settings, **overrides: Any) -> uvicorn.Config:
     """uvicorn's configuration for the gateway: credgate logs for itself and bounds every request head."""
+    return uvicorn.Config(app, **(_options(settings) | overrides))
+
+
+def _options(settings: Settings) -> dict[str, Any]:
     protocol = type(
         "GatewayHttpProtocol",
         (BoundedHttpProtocol,),
         {"max_header_bytes": settings.max_header_bytes, "head_timeout_seconds": settings.header_timeout_seconds},
     )
-    options: dict[str, Any] = {
+    return {
         "host": settings.host,
         "port": settings.port,
         "http": protocol,
@@ -172,4 +199,100 @@ def server_config(app: Any, settings: Settings, **overrides: Any) -> uvicorn.Con
         "log_config": None,
         "timeout_graceful_shutdown": settings.drain_seconds,
     }
-    return uvicorn.Config(app, **(options | overrides))
+
+
+def run_workers(settings: Settings, build: GatewayFactory, *, database_id: str) -> None:
+    """Serve with `settings.workers` processes on one socket, bound here, once the caller has opened, checked and
+    migrated database `database_id`. A worker that dies is replaced; SIGTERM or SIGINT drains every worker and
+    returns. StartupError when a worker could not start (the supervisor then stops them all)."""
+    config = WorkerConfig(settings, build, database_id)
+    listener = config.bind_socket()
+    supervisor = _Supervisor(config, sockets=[listener])
+    try:
+        supervisor.run()
+    finally:
+        listener.close()
+    if any(worker.exitcode == STARTUP_FAILURE for worker in supervisor.processes):
+        raise StartupError("a worker process could not start: see its error above")
+
+
+class WorkerApp:
+    """One worker's gateway. At lifespan start it attaches to the database the parent set up (no migration, no
+    first-run setup), builds the gateway on that context and hands it the lifespan; the context is closed after
+    the gateway's own shutdown."""
+
+    def __init__(self, settings: Settings, build: GatewayFactory, database_id: str) -> None:
+        self.settings = settings
+        self.build = build
+        self.database_id = database_id
+        self.gateway: ASGIApp | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(scope, receive, send)
+            return
+        if self.gateway is None:
+            raise RuntimeError("uvicorn serves requests only once the lifespan has started")
+        await self.gateway(scope, receive, send)
+
+    async def _lifespan(self, scope: Scope, receive: Receive, send: Send) -> None:
+        startup = await receive()
+        try:
+            ctx: Context = await attach_context(self.settings, database_id=self.database_id)
+        except StartupError as error:
+            await send({"type": "lifespan.startup.failed", "message": str(error)})
+            return
+        self.gateway = self.build(self.settings, context=ctx)
+        startup_replayed = False
+
+        async def receive_from_startup() -> Message:
+            nonlocal startup_replayed
+            if startup_replayed:
+                return await receive()
+            startup_replayed = True
+            return startup
+
+        asyncio.get_running_loop().call_later(1.0, gc.freeze)  # start-up objects out of the collector's way
+        try:
+            await self.gateway(scope, receive_from_startup, send)
+        finally:
+            await ctx.database.dispose()
+
+
+class WorkerConfig(uvicorn.Config):
+    """A worker's uvicorn configuration. The supervisor pickles it into every worker it spawns: what crosses is
+    only what rebuilds it there, since neither the protocol class (made at run time) nor the app pickles."""
+
+    def __init__(self, settings: Settings, build: GatewayFactory, database_id: str) -> None:
+        self.recipe = (settings, build, database_id)
+        super().__init__(
+            WorkerApp(settings, build, database_id),
+            **_options(settings),
+            lifespan="on",  # a worker whose start fails exits with STARTUP_FAILURE, so the supervisor stops
+            workers=settings.workers,
+            timeout_worker_healthcheck=WORKER_HEALTHCHECK_SECONDS,
+        )
+
+    def __reduce__(self) -> tuple[Callable[..., "WorkerConfig"], tuple[Settings, GatewayFactory, str]]:
+        return _worker_process_config, self.recipe
+
+
+def _worker_process_config(settings: Settings, build: GatewayFactory, database_id: str) -> WorkerConfig:
+    """Run when a new worker process unpickles its configuration: set the process up as `credgate serve` does."""
+    configure_logging(settings)
+    exit_zero_on_sigterm()
+    return WorkerConfig(settings, build, database_id)
+
+
+class _Supervisor(Multiprocess):
+    """uvicorn's supervisor, its wait for the workers to exit bounded by the drain (it waits for ever)."""
+
+    def join_all(self) -> None:
+        drain = self.config.timeout_graceful_shutdown or 0
+        deadline = time.monotonic() + drain + WORKER_EXIT_MARGIN_SECONDS
+        for worker in self.processes:
+            worker.process.join(max(0.0, deadline - time.monotonic()))
+            if worker.exitcode is None:
+                logger.warning("worker %s did not exit after the drain: killed", worker.pid)
+                worker.kill()
+                worker.process.join()

@@ -12,6 +12,7 @@ from typing import Any
 
 from credgate.catalog import CatalogError, all_templates
 from credgate.config import Settings
+from credgate.crypto import KeyRing
 from credgate.errors import StartupError
 from credgate.masterkey import create_keyring, load_keyring, write_private_file
 from credgate.services.context import Context
@@ -74,6 +75,30 @@ async def _open(settings: Settings, database: Database) -> Context:
         raise StartupError(f"cannot open the database: {error}") from None
     if database_id != recorded:
         _write_database_id(id_file, database_id)
+    return _context(settings, database, keyring)
+
+
+async def attach_context(settings: Settings, *, database_id: str) -> Context:
+    """A worker process's context, once `open_context` has checked, migrated and set up the database in the
+    parent: the same database (confirmed by its id) and master key, opened without writing anything, so that
+    workers never race on migrations or first-run setup."""
+    keyring = load_keyring(settings)
+    if keyring is None:
+        raise StartupError(f"no master key: {settings.master_key_file} is gone and CREDGATE_MASTER_KEY is not set")
+    database = Database(settings.resolved_database_url)
+    database.database_id = database_id  # every connection is checked against it, as in the parent
+    try:
+        await database.ping()
+        return _context(settings, database, keyring)
+    except StorageUnavailable as error:
+        await database.dispose()
+        raise StartupError(f"cannot open the database: {error}") from None
+    except BaseException:
+        await database.dispose()
+        raise
+
+
+def _context(settings: Settings, database: Database, keyring: KeyRing) -> Context:
     try:
         templates = all_templates(settings.data_dir / "templates")
     except CatalogError as error:
