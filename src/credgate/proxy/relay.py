@@ -36,6 +36,8 @@ from credgate.proxy.guard import NonPublicAddress
 from credgate.proxy.limits import RateLimiter, retry_after_header
 from credgate.proxy.oauth import TokenBroker
 from credgate.proxy.plan import (
+    Headers,
+    UpstreamRequest,
     admit,
     check_method,
     find_project_token,
@@ -213,19 +215,14 @@ class ProxyApp:
         record: ProxiedRequest,
         client_token: str,
     ) -> None:
-        if integration.auth.method in OAUTH2_METHODS:
-            credential = await self.tokens.access_token(
-                project_id=record.project_id, integration=integration, secret=credential
-            )
-        if self._refuses(integration):
-            raise _not_public(integration.provider)
-        plan = plan_upstream(
+        plan = await self._prepare(
+            project_id=record.project_id,
+            integration=integration,
+            credential=credential,
             method=scope["method"],
             raw_endpoint=raw_endpoint,
             query_string=scope.get("query_string", b""),
             headers=scope["headers"],
-            integration=integration,
-            credential=credential,
             client_token=client_token,
         )
         # Once the body is read, the rest of receive() only reports a client that leaves: watch for it.
@@ -297,24 +294,19 @@ class ProxyApp:
         if integration.credential is None:
             return Verification(accepted=False, status=None, message="the key is revoked")
         try:
-            credential = integration.credential
-            if integration.auth.method in OAUTH2_METHODS:
-                credential = await self.tokens.access_token(
-                    project_id=project_id, integration=integration, secret=credential
-                )
-            if self._refuses(integration):
-                raise BadGateway("the provider's address is not public")
-            plan = plan_upstream(
+            plan = await self._prepare(
+                project_id=project_id,
+                integration=integration,
+                credential=integration.credential,
                 method="GET" if call.method == "*" else call.method,
                 raw_endpoint=call.path,
                 query_string=b"",
                 headers=[],
-                integration=integration,
-                credential=credential,
             )
             headers = plan.headers
             if isinstance(integration.auth, AwsSigV4Auth):
-                headers = sign(plan, b"", spec=integration.auth, key=credential.reveal(), provider=integration.provider)
+                key = integration.credential.reveal()
+                headers = sign(plan, b"", spec=integration.auth, key=key, provider=integration.provider)
             async with self.upstreams.session_for(integration.private_networks).request(
                 plan.method,
                 URL(plan.url, encoded=True),
@@ -329,9 +321,35 @@ class ProxyApp:
         except (aiohttp.ClientError, OSError):
             return Verification(accepted=None, status=None, message="the provider could not be reached")
 
-    def _refuses(self, integration: ResolvedIntegration) -> bool:
-        """Whether the base URL's host is refused by its spelling, within the integration's exceptions."""
-        return self.upstreams.refuses(integration.base_url, integration.private_networks)
+    async def _prepare(
+        self,
+        *,
+        project_id: str,
+        integration: ResolvedIntegration,
+        credential: Secret,
+        method: str,
+        raw_endpoint: str,
+        query_string: bytes,
+        headers: Headers,
+        client_token: str | None = None,
+    ) -> UpstreamRequest:
+        """The step a proxied request and a key verification share: the credential on the wire (an access
+        token for OAuth 2.0 methods), the address guard on the base URL's spelling, then the pure plan."""
+        if integration.auth.method in OAUTH2_METHODS:
+            credential = await self.tokens.access_token(
+                project_id=project_id, integration=integration, secret=credential
+            )
+        if self.upstreams.refuses(integration.base_url, integration.private_networks):
+            raise _not_public(integration.provider)
+        return plan_upstream(
+            method=method,
+            raw_endpoint=raw_endpoint,
+            query_string=query_string,
+            headers=headers,
+            integration=integration,
+            credential=credential,
+            client_token=client_token,
+        )
 
     async def _stream_response(
         self,
