@@ -52,7 +52,7 @@ class RunningGateway:
 
 
 def start_gateway(
-    data_dir: Path, log: Path, extra_env: dict[str, str] | None = None
+    data_dir: Path, log: Path, extra_env: dict[str, str] | None = None, *, workers: int = 1
 ) -> tuple[subprocess.Popen[bytes], RunningGateway]:
     port = free_port()
     env = {
@@ -65,10 +65,13 @@ def start_gateway(
     env = {name: value for name, value in env.items() if not name.startswith("CREDGATE_TEST_")}
     with log.open("wb") as output:
         process = subprocess.Popen(
-            [CREDGATE, "serve", "--port", str(port)], stdout=output, stderr=subprocess.STDOUT, env=env
+            [CREDGATE, "serve", "--port", str(port), "--workers", str(workers)],
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            env=env,
         )
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 20 * workers  # each worker imports the whole gateway again
     with httpx.Client(timeout=1) as probe:  # one client: each new one loads the CA bundle, a tenth of a second
         while time.monotonic() < deadline:
             if process.poll() is not None:

@@ -1,0 +1,220 @@
+"""`credgate serve --workers 2`: real processes on one real socket, behaving as one gateway.
+
+Which worker served a request is read from the gateway's log: every line carries its process id, and the access
+line ends with the request id the response carries in `x-credgate-request-id`.
+"""
+
+import asyncio
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from credgate.config import Settings
+from credgate.services import admins, projects
+from credgate.services.bootstrap import open_context
+from tests.e2e.conftest import Project, RunningGateway, add_custom, start_gateway, stop_gateway
+from tests.upstream import Upstream
+
+WORKERS = 2
+POLL_SECONDS = 0.2
+STARTUP_SECONDS = 60  # a worker imports the whole gateway: slow on a loaded machine
+READY = re.compile(r"\[(\d+)\] INFO uvicorn\.error: Application startup complete\.")
+FINISHED = re.compile(r"\[(\d+)\] INFO uvicorn\.error: Finished server process")
+SETUP_LINK = re.compile(r"/admin/setup\?token=[A-Za-z0-9_-]+")
+
+Send = Callable[[httpx.AsyncClient], Awaitable[httpx.Response]]
+
+
+class Served:
+    """A `credgate serve --workers 2` and the parent's process."""
+
+    def __init__(self, process: subprocess.Popen[bytes], gateway: RunningGateway) -> None:
+        self.process = process
+        self.gateway = gateway
+
+    @property
+    def log(self) -> str:
+        return self.gateway.log.read_text(errors="replace")
+
+    def ready_workers(self) -> set[int]:
+        return {int(pid) for pid in READY.findall(self.log)}
+
+    async def wait_for_workers(self, count: int, *, besides: set[int] | None = None) -> set[int]:
+        """The pids of `count` workers that finished starting (other than `besides`), once there are that many."""
+        deadline = time.monotonic() + STARTUP_SECONDS
+        while time.monotonic() < deadline:
+            ready = self.ready_workers() - (besides or set())
+            if len(ready) >= count:
+                return ready
+            assert self.process.poll() is None, self.log
+            await asyncio.sleep(0.1)
+        raise AssertionError(f"fewer than {count} workers started: {self.log}")
+
+    async def served_by(self, response: httpx.Response) -> int:
+        """The pid of the worker whose access line carries the response's request id (written just after it)."""
+        request_id = response.headers["x-credgate-request-id"]
+        line = re.compile(rf"^\S+ \S+ \[(\d+)\] INFO credgate\.access: .* {request_id}$", re.MULTILINE)
+        for _ in range(100):
+            if found := line.search(self.log):
+                return int(found.group(1))
+            await asyncio.sleep(0.02)
+        raise AssertionError(f"no access line for request {request_id}")
+
+    async def on_every_worker(self, send: Send, workers: set[int]) -> dict[int, list[httpx.Response]]:
+        """Requests, each on a new connection, until every one of `workers` answered one; the answers by worker."""
+        by_worker: dict[int, list[httpx.Response]] = {}
+        no_reuse = httpx.Limits(max_keepalive_connections=0)
+        async with httpx.AsyncClient(headers={"connection": "close"}, limits=no_reuse, timeout=10) as client:
+            for _ in range(200):
+                response = await send(client)
+                by_worker.setdefault(await self.served_by(response), []).append(response)
+                if workers <= by_worker.keys():
+                    return by_worker
+        raise AssertionError(f"200 connections never reached workers {workers - by_worker.keys()}")
+
+
+def serve(tmp_path: Path, **env: str) -> Served:
+    extra = {"CREDGATE_CHANGE_POLL_SECONDS": str(POLL_SECONDS), **env}
+    process, gateway = start_gateway(tmp_path / "data", tmp_path / "gateway.log", extra, workers=WORKERS)
+    return Served(process, gateway)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    """One gateway for the tests that neither kill nor stop it."""
+    running = serve(tmp_path_factory.mktemp("workers"))
+    try:
+        yield running
+    finally:
+        stop_gateway(running.process, running.gateway)
+
+
+async def add_project(data_dir: Path, upstream: Upstream) -> tuple[Project, str]:
+    """A project with a stand-in integration allowing everything, and an admin token: made beside the server."""
+    ctx = await open_context(Settings(data_dir=data_dir, allow_private_upstreams=True))
+    try:
+        created, token = await projects.create_project(ctx, name="workers", actor="t")
+        project = Project(created.id, token, "")
+        await add_custom(ctx, project, "stand-in", upstream.url)
+        return project, await admins.create_admin_token(ctx, name="workers", actor="t")
+    finally:
+        await ctx.database.dispose()
+
+
+async def test_requests_land_on_every_worker_and_never_on_the_parent(served: Served) -> None:
+    workers = await served.wait_for_workers(WORKERS)
+
+    by_worker = await served.on_every_worker(lambda client: client.get(f"{served.gateway.url}/healthz"), workers)
+
+    assert by_worker.keys() == workers
+    assert served.process.pid not in workers
+    assert all(response.status_code == 200 for answers in by_worker.values() for response in answers)
+
+
+async def test_a_token_revoked_through_one_worker_is_refused_by_every_worker_within_the_poll(
+    served: Served, upstream: Upstream
+) -> None:
+    workers = await served.wait_for_workers(WORKERS)
+    project, admin_token = await add_project(served.gateway.log.parent / "data", upstream)
+    proxy = f"{served.gateway.url}/proxy/stand-in/echo/hello"
+
+    def call(client: httpx.AsyncClient) -> Awaitable[httpx.Response]:
+        return client.get(proxy, headers={"authorization": f"Bearer {project.token}"})
+
+    before = await served.on_every_worker(call, workers)  # every worker has the token cached as valid
+    assert {response.status_code for answers in before.values() for response in answers} == {200}
+    forwarded = len(upstream.received)
+
+    async with httpx.AsyncClient(headers={"authorization": f"Bearer {admin_token}"}) as admin:
+        revoked = await admin.delete(f"{served.gateway.url}/api/v1/projects/{project.id}/token")
+    assert revoked.status_code == 204
+    await asyncio.sleep(POLL_SECONDS * 2)
+
+    after = await served.on_every_worker(call, workers)
+    assert {response.status_code for answers in after.values() for response in answers} == {401}
+    assert len(upstream.received) == forwarded
+
+
+async def test_migrations_and_first_run_setup_happen_once_in_the_parent(served: Served) -> None:
+    workers = await served.wait_for_workers(WORKERS)
+    log = served.log
+
+    # alembic logs its context each time it runs, even with nothing to apply: workers never run it.
+    assert re.findall(r"\[(\d+)\] INFO alembic\.runtime\.migration: Context impl", log) == [str(served.process.pid)]
+    migrators = set(re.findall(r"\[(\d+)\] INFO alembic\.runtime\.migration: Running upgrade", log))
+    assert migrators == {str(served.process.pid)}
+    assert len(SETUP_LINK.findall(log)) == 1
+    assert log.count("credgate is serving at") == 1
+    assert not workers & {int(pid) for pid in migrators}
+
+
+async def test_a_killed_worker_is_replaced_and_the_gateway_keeps_answering(tmp_path: Path) -> None:
+    running = serve(tmp_path)
+    try:
+        workers = await running.wait_for_workers(WORKERS)
+        killed, survivor = sorted(workers)
+        os.kill(killed, signal.SIGKILL)
+
+        async with httpx.AsyncClient(timeout=5) as client:
+            while not running.ready_workers() - workers:  # the answers come from the survivor meanwhile
+                answer = await client.get(f"{running.gateway.url}/healthz", headers={"connection": "close"})
+                assert answer.status_code == 200
+                await asyncio.sleep(0.1)
+        (replacement,) = await running.wait_for_workers(1, besides=workers)
+
+        def health(client: httpx.AsyncClient) -> Awaitable[httpx.Response]:
+            return client.get(f"{running.gateway.url}/healthz")
+
+        by_worker = await running.on_every_worker(health, {survivor, replacement})
+        assert killed not in by_worker
+        assert running.process.poll() is None
+        assert f"Child process [{killed}] died" in running.log
+    finally:
+        stop_gateway(running.process, running.gateway)
+
+
+SSE = "/proxy/stand-in/sse?delay=0.1&n=10"
+
+
+async def rest_of(lines: AsyncIterator[str]) -> list[str]:
+    return [line async for line in lines]
+
+
+async def test_sigterm_drains_every_worker_and_the_parent_exits_0(tmp_path: Path, upstream: Upstream) -> None:
+    drain = 3.0
+    running = serve(tmp_path, CREDGATE_DRAIN_SECONDS=str(drain))
+    try:
+        workers = await running.wait_for_workers(WORKERS)
+        project, _ = await add_project(tmp_path / "data", upstream)
+        no_reuse = httpx.Limits(max_keepalive_connections=0)
+        auth = {"authorization": f"Bearer {project.token}"}
+        client = httpx.AsyncClient(base_url=running.gateway.url, headers=auth, limits=no_reuse, timeout=10)
+        async with client, contextlib.AsyncExitStack() as streams:
+            opened = [(await streams.enter_async_context(client.stream("GET", SSE))).aiter_lines() for _ in range(6)]
+            firsts = [await anext(lines) for lines in opened]
+            running.process.send_signal(signal.SIGTERM)
+            signalled = time.monotonic()
+            rests = await asyncio.gather(*(rest_of(lines) for lines in opened))
+        exit_code = await asyncio.to_thread(running.process.wait, drain + 10)
+        exited = time.monotonic() - signalled
+    finally:
+        stop_gateway(running.process, running.gateway)
+    # Every stream in flight finished whole, on whichever worker it was.
+    events = [
+        sum(line.startswith("data: ") for line in [first, *rest]) for first, rest in zip(firsts, rests, strict=True)
+    ]
+    assert events == [10] * 6
+    assert exit_code == 0
+    assert exited < drain + 2
+    assert {int(pid) for pid in FINISHED.findall(running.log)} == workers  # each worker shut down, not killed
+    for pid in workers:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
