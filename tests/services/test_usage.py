@@ -80,3 +80,25 @@ def test_tokens_are_read_from_the_end_of_a_body_too_long_to_keep() -> None:
     head = b'{"data": [' + b"0.1," * 20_000  # cut off: not JSON on its own
     tail = b'0.2]}], "model": "m", "usage": {"prompt_tokens": 8, "total_tokens": 8}}'
     assert extract_tokens("application/json", head, tail) == (8, None)
+
+
+def test_capture_keeps_the_head_then_the_end_of_the_last_chunks_of_a_counted_body() -> None:
+    record = proxied("p", datetime.now(UTC), body=b"")
+    record.head.clear()
+    record.start_response(200, "text/event-stream; charset=utf-8", "")
+    chunks = [bytes([65 + index % 26]) * 10_000 for index in range(20)]
+    for chunk in chunks:
+        record.capture(chunk)
+    assert record.response_bytes == 200_000
+    assert record.head == chunks[:7]  # whole chunks until 64 KiB are kept
+    assert list(record.tail) == [chunk[-usage.TAIL_CHUNK_BYTES :] for chunk in chunks[7:]][-16:]
+
+
+def test_capture_only_counts_a_body_whose_usage_is_not_read() -> None:
+    record = proxied("p", datetime.now(UTC), body=b"")
+    record.head.clear()
+    record.start_response(200, "audio/mpeg", "")
+    record.capture(b"x" * 1000)
+    assert record.response_bytes == 1000
+    assert record.head == []
+    assert not record.tail

@@ -52,9 +52,6 @@ from credgate.services.access import Access, resolve_access
 from credgate.services.context import Context
 from credgate.services.integrations import store_rotated_refresh_token
 from credgate.services.usage import (
-    COUNTED_CONTENT_TYPES,
-    KEPT_BODY_BYTES,
-    TAIL_CHUNK_BYTES,
     ProxiedRequest,
     UsageRecorder,
 )
@@ -364,13 +361,9 @@ class ProxyApp:
         content_type = response.headers.get("Content-Type", "")
         if content_type.startswith("text/event-stream") and "X-Accel-Buffering" not in response.headers:
             headers.append((b"x-accel-buffering", b"no"))  # so a front proxy does not hold events back
-        record.status = response.status
-        record.content_type = content_type
-        record.content_encoding = response.headers.get("Content-Encoding", "")
-        counts_tokens = content_type.startswith(COUNTED_CONTENT_TYPES)
+        record.start_response(response.status, content_type, response.headers.get("Content-Encoding", ""))
         await send({"type": "http.response.start", "status": response.status, "headers": headers})
         content = response.content
-        kept = 0
         try:
             while True:
                 async with asyncio.timeout(idle_seconds):
@@ -378,12 +371,7 @@ class ProxyApp:
                 done = content.at_eof()
                 watch.finishing = done
                 if chunk:
-                    record.response_bytes += len(chunk)
-                    if counts_tokens and kept < KEPT_BODY_BYTES:
-                        record.head.append(chunk)
-                        kept += len(chunk)
-                    elif counts_tokens:
-                        record.tail.append(chunk[-TAIL_CHUNK_BYTES:])
+                    record.capture(chunk)
                 await send({"type": "http.response.body", "body": chunk, "more_body": not done})
                 if done:
                     return

@@ -46,6 +46,26 @@ class ProxiedRequest:
     content_encoding: str = ""
     head: list[bytes] = field(default_factory=list)
     tail: deque[bytes] = field(default_factory=lambda: deque(maxlen=16))
+    counts_tokens: bool = False  # the response's type is one whose usage the recorder reads
+    kept: int = 0  # bytes in `head`
+
+    def start_response(self, status: int, content_type: str, content_encoding: str) -> None:
+        self.status = status
+        self.content_type = content_type
+        self.content_encoding = content_encoding
+        self.counts_tokens = content_type.startswith(COUNTED_CONTENT_TYPES)
+
+    def capture(self, chunk: bytes) -> None:
+        """Count a chunk of the response body, keeping (not copying) what the token count reads: the head of
+        the body, then the end of each of its last chunks."""
+        self.response_bytes += len(chunk)
+        if not self.counts_tokens:
+            return
+        if self.kept < KEPT_BODY_BYTES:
+            self.head.append(chunk)
+            self.kept += len(chunk)
+        else:
+            self.tail.append(chunk[-TAIL_CHUNK_BYTES:])
 
 
 def _usage_of(document: object) -> tuple[int | None, int | None]:
