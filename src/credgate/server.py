@@ -285,7 +285,15 @@ def _worker_process_config(settings: Settings, build: GatewayFactory, database_i
 
 
 class _Supervisor(Multiprocess):
-    """uvicorn's supervisor, its wait for the workers to exit bounded by the drain (it waits for ever)."""
+    """uvicorn's supervisor, with the listening socket closed when the workers are told to stop, and its wait for
+    them bounded by the drain (it waits for ever)."""
+
+    def terminate_all(self) -> None:
+        for listener in self.sockets:
+            # The parent's copy: once the workers have closed theirs too, a new connection is refused (as with
+            # one process), not left waiting in the backlog of a socket nobody accepts from any more.
+            listener.close()
+        super().terminate_all()
 
     def join_all(self) -> None:
         drain = self.config.timeout_graceful_shutdown or 0
