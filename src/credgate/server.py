@@ -218,8 +218,8 @@ def run_workers(settings: Settings, build: GatewayFactory, *, database_id: str) 
 
 class WorkerApp:
     """One worker's gateway. At lifespan start it attaches to the database the parent set up (no migration, no
-    first-run setup), builds the gateway on that context and hands it the lifespan; the context is closed after
-    the gateway's own shutdown."""
+    first-run setup), builds the gateway on that context and hands it the lifespan; the context is closed once
+    the gateway's own shutdown is done."""
 
     def __init__(self, settings: Settings, build: GatewayFactory, database_id: str) -> None:
         self.settings = settings
@@ -252,11 +252,18 @@ class WorkerApp:
             startup_replayed = True
             return startup
 
+        async def send_once_closed(message: Message) -> None:
+            # Closed before uvicorn hears the shutdown is complete: it then ends the process, cancelling what is left.
+            if message["type"] in {"lifespan.shutdown.complete", "lifespan.shutdown.failed"}:
+                await ctx.database.dispose()
+            await send(message)
+
         asyncio.get_running_loop().call_later(1.0, gc.freeze)  # start-up objects out of the collector's way
         try:
-            await self.gateway(scope, receive_from_startup, send)
-        finally:
+            await self.gateway(scope, receive_from_startup, send_once_closed)
+        except BaseException:
             await ctx.database.dispose()
+            raise
 
 
 class WorkerConfig(uvicorn.Config):

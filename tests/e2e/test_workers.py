@@ -225,6 +225,8 @@ async def test_a_killed_worker_is_replaced_and_sigterm_then_drains_every_worker_
     assert exited < drain + 2
     # Each worker, the replacement too, shut down by itself (uvicorn logs this only after a graceful shutdown).
     assert {int(pid) for pid in FINISHED.findall(running.log)} == {survivor, replacement}
+    assert "Exception in 'lifespan' protocol" not in running.log  # each closed its database pool in time
+    assert "Exception closing connection" not in running.log
     for pid in (survivor, replacement):
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
