@@ -21,6 +21,7 @@ from credgate.config import Settings
 from credgate.services import admins, projects
 from credgate.services.bootstrap import open_context
 from tests.e2e.conftest import Project, RunningGateway, add_custom, start_gateway, stop_gateway
+from tests.secret_sweep import SWEEP
 from tests.upstream import Upstream
 
 WORKERS = 2
@@ -81,6 +82,13 @@ class Served:
         raise AssertionError(f"200 connections never reached workers {workers - by_worker.keys()}")
 
 
+def stop(running: Served) -> None:
+    """Stop the gateway; its log and database files go through the secret sweep."""
+    stop_gateway(running.process, running.gateway)
+    for name in ("credgate.db", "credgate.db-wal"):
+        SWEEP.scan_file(running.gateway.log.parent / "data" / name, SWEEP.secrets)
+
+
 def serve(tmp_path: Path, **env: str) -> Served:
     extra = {"CREDGATE_CHANGE_POLL_SECONDS": str(POLL_SECONDS), **env}
     process, gateway = start_gateway(tmp_path / "data", tmp_path / "gateway.log", extra, workers=WORKERS)
@@ -94,7 +102,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     try:
         yield running
     finally:
-        stop_gateway(running.process, running.gateway)
+        stop(running)
 
 
 async def add_project(data_dir: Path, upstream: Upstream) -> tuple[Project, str]:
@@ -215,7 +223,7 @@ async def test_a_killed_worker_is_replaced_and_sigterm_then_drains_every_worker_
         exit_code = await asyncio.to_thread(running.process.wait, drain + 10)
         exited = time.monotonic() - signalled
     finally:
-        stop_gateway(running.process, running.gateway)
+        stop(running)
     assert refused
     events = [
         sum(line.startswith("data: ") for line in [first, *rest]) for first, rest in zip(firsts, rests, strict=True)
