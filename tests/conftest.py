@@ -22,6 +22,7 @@ from credgate.config import Settings
 from credgate.services import admins
 from credgate.services.bootstrap import open_context
 from credgate.services.context import Context
+from tests.migrated_template import lay_in_migrated_schema
 from tests.secret_sweep import SWEEP, SweepHandler
 
 POSTGRES_URL = os.environ.get("CREDGATE_TEST_POSTGRES_URL")
@@ -82,6 +83,7 @@ def settings(database: tuple[str, dict[str, Any]], tmp_path: Path) -> Settings:
 
 @pytest.fixture
 async def ctx(settings: Settings, database: tuple[str, dict[str, Any]]) -> AsyncIterator[Context]:
+    await lay_in_migrated_schema(*database)  # the migrations' result without running them per test
     context = await open_context(settings, connect_args=database[1])
     try:
         yield context
