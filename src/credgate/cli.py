@@ -151,7 +151,8 @@ def main(click_ctx: click.Context) -> None:
 @click.option(
     "--workers",
     type=click.IntRange(1, MAX_WORKERS),
-    help=f"Processes sharing the listening socket, 1 to {MAX_WORKERS}: about one per core [CREDGATE_WORKERS, default 1].",
+    help=f"Processes sharing the listening socket, 1 to {MAX_WORKERS}: about one per core "
+    "[CREDGATE_WORKERS, default 1].",
 )
 @pass_settings
 def serve(settings: Settings, host: str | None, port: int | None, workers: int | None) -> None:
