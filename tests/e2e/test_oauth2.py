@@ -79,7 +79,9 @@ async def add_oauth(ctx: Context, project: Project, upstream: Upstream, auth: Au
 
 
 async def call(gateway_url: str, project: Project) -> httpx.Response:
-    async with httpx.AsyncClient() as client:
+    # These tests count token fetches, not time: 50 requests at once through one event loop, DEBUG logging on,
+    # can outlast httpx's 5 s default on a loaded 2-core runner.
+    async with httpx.AsyncClient(timeout=30) as client:
         return await client.post(
             f"{gateway_url}/proxy/secured/v1/data", json={}, headers={"Authorization": f"Bearer {project.token}"}
         )
