@@ -93,7 +93,6 @@ class ProxyApp:
         max_in_flight: int = 1000,
     ) -> None:
         self.ctx = ctx
-        self.session = session
         self.recorder = recorder
         self.max_request_bytes = settings.max_request_bytes
         self.max_in_flight = max_in_flight
