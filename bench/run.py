@@ -1,11 +1,14 @@
-"""The benchmark: the full gateway path against a direct call to the same upstream, side by side in one run.
+"""The benchmark: credgate beside the floor, side by side in one run.
 
     .venv/bin/python bench/run.py [--duration 10] [--soak 600] [--write]
 
-The gateway (one process, one worker) is pinned to core 0; the upstream stand-in and wrk share core 1.
-Reports requests/s and latency at 64 and 1 connections, the latency the gateway adds, the SSE
-time-to-first-byte it adds, and its peak RSS. --soak runs load for that many seconds and samples the RSS;
---write stores the table in bench/RESULTS.md.
+Four systems answer the same POST chat/completions from the same stand-in upstream: the upstream direct, the bare
+reference proxy (bench/bare_proxy.py: what any Python proxy must do, and nothing more), credgate with one worker
+and credgate with two. The bare proxy and one-worker credgate are pinned to core 0, the upstream stand-in and wrk to
+core 1; two-worker credgate has both cores, which it shares with them. Each runs at 64 connections and at 1.
+Prints ratios (credgate to bare, two workers to one), the latency added at one connection, the SSE time to first
+byte added, and the peak RSS of every worker. --soak runs load for that many seconds and samples the RSS; --write
+stores the table in bench/RESULTS.md.
 """
 
 import argparse
@@ -17,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from harness import (
@@ -24,8 +28,10 @@ from harness import (
     CORES,
     GATEWAY_CORE,
     HERE,
+    KEY,
     LOAD_CORE,
     add_bench_project,
+    credgate_revision,
     free_port,
     gateway_env,
     peak_rss_mb,
@@ -69,7 +75,7 @@ def first_byte_ms(host_port: tuple[str, int], path: str, token: str, samples: in
     request = f"GET {path} HTTP/1.1\r\nHost: bench\r\nAuthorization: Bearer {token}\r\nConnection: close\r\n\r\n"
     times = []
     for _ in range(samples):
-        with socket.create_connection(host_port) as connection:
+        with socket.create_connection(host_port, timeout=10) as connection:
             started = time.perf_counter()
             connection.sendall(request.encode())
             received = connection.recv(65536)
@@ -82,9 +88,35 @@ def first_byte_ms(host_port: tuple[str, int], path: str, token: str, samples: in
     return statistics.median(times)
 
 
+@dataclass
+class System:
+    """One system under test: how to start it (None: the upstream itself), where to send the load, and its SSE
+    path (for time to first byte)."""
+
+    name: str
+    command: list[str] | None
+    port: int
+    path: str
+    sse_path: str
+    env: dict[str, str] | None = None
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}{self.path}"
+
+    def worker_pids(self) -> list[int]:
+        """The processes that serve requests: the process itself, or the workers its supervisor started."""
+        if self.process is None:
+            return []
+        children = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children").read_text().split()
+        return [int(pid) for pid in children] or [self.process.pid]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--duration", type=int, default=10, help="seconds per wrk run")
+    parser.add_argument("--duration", type=int, default=5, help="seconds per wrk run")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds over all systems; the median is reported")
     parser.add_argument("--soak", type=int, default=0, help="also run load this many seconds, sampling RSS")
     parser.add_argument("--write", action="store_true", help="write bench/RESULTS.md")
     options = parser.parse_args()
@@ -92,82 +124,120 @@ def main() -> None:
         sys.exit("the benchmark needs wrk: apt-get install wrk")
 
     work = Path(tempfile.mkdtemp(prefix="credgate-bench-"))
-    upstream_port, gateway_port = free_port(), free_port()
+    upstream_port = free_port()
     env = gateway_env(work / "data")
     token = add_bench_project(env, upstream_port, ["POST chat/completions", "GET sse"])
     script = work / "post.lua"
     script.write_text(LUA % token)
-
-    processes = [
-        subprocess.Popen(
-            pinned(LOAD_CORE, [sys.executable, str(HERE / "upstream.py"), str(upstream_port)]),
-            stdout=subprocess.DEVNULL,
-        ),
-        subprocess.Popen(
-            pinned(GATEWAY_CORE, [str(BIN / "credgate"), "serve", "--port", str(gateway_port)]),
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=(work / "gateway.log").open("w"),
-        ),
+    serve = [str(BIN / "credgate"), "serve", "--port"]
+    chat, sse = "/proxy/openai/chat/completions", "/proxy/openai/sse"
+    bare_port, one_port, two_port = free_port(), free_port(), free_port()
+    bare = [sys.executable, str(HERE / "bare_proxy.py"), str(bare_port), f"http://127.0.0.1:{upstream_port}/v1"]
+    systems = [
+        System("direct", None, upstream_port, "/v1/chat/completions", "/v1/sse"),
+        System("bare proxy", pinned(GATEWAY_CORE, [*bare, token, KEY]), bare_port, chat, sse),
+        System("credgate 1 worker", pinned(GATEWAY_CORE, [*serve, str(one_port)]), one_port, chat, sse, env),
+        System("credgate 2 workers", [*serve, str(two_port), "--workers", "2"], two_port, chat, sse, env),
     ]
+    upstream = subprocess.Popen(
+        pinned(LOAD_CORE, [sys.executable, str(HERE / "upstream.py"), str(upstream_port)]), stdout=subprocess.DEVNULL
+    )
     try:
         wait_for_port(upstream_port)
-        wait_for_port(gateway_port)
-        gateway_pid = processes[1].pid
-        direct_url = f"http://127.0.0.1:{upstream_port}/v1/chat/completions"
-        gateway_url = f"http://127.0.0.1:{gateway_port}/proxy/openai/chat/completions"
-        wrk(gateway_url, script, 64, 2)  # warm up: connections, caches
-        rows = {}
-        for connections in (64, 1):
-            rows[f"direct c={connections}"] = wrk(direct_url, script, connections, options.duration)
-            rows[f"gateway c={connections}"] = wrk(gateway_url, script, connections, options.duration)
-        ttfb_direct = first_byte_ms(("127.0.0.1", upstream_port), "/v1/sse", token, 200)
-        ttfb_gateway = first_byte_ms(("127.0.0.1", gateway_port), "/proxy/openai/sse", token, 200)
-        peak = peak_rss_mb(gateway_pid)
+        for system in systems:
+            if system.command is not None:
+                log = (work / f"{system.port}.log").open("w")
+                system.process = subprocess.Popen(system.command, env=system.env, stdout=log, stderr=log)
+                wait_for_port(system.port)
+        for system in systems:
+            wrk(system.url, script, 64, 2)  # warm up: connections, caches
+        samples: dict[tuple[str, int], list[dict[str, float]]] = {}
+        for _ in range(options.rounds):
+            for connections in (64, 1):
+                for system in systems:
+                    samples.setdefault((system.name, connections), []).append(
+                        wrk(system.url, script, connections, options.duration)
+                    )
+        rows = {key: median_run(runs) for key, runs in samples.items()}
+        first_bytes = {
+            system.name: first_byte_ms(("127.0.0.1", system.port), system.sse_path, token, 200) for system in systems
+        }
+        peaks = {system.name: [peak_rss_mb(pid) for pid in system.worker_pids()] for system in systems[2:]}
         soak = []
         if options.soak:
+            one = systems[2]
             for _ in range(max(1, options.soak // 10)):
-                wrk(gateway_url, script, 64, 10)
-                soak.append(rss_mb(gateway_pid))
-        report = render(rows, ttfb_direct, ttfb_gateway, peak, soak, options.duration)
+                wrk(one.url, script, 64, 10)
+                soak.append(rss_mb(one.worker_pids()[0]))
+        report = render(rows, first_bytes, peaks, soak, options)
         print(report)
         if options.write:
             store_section(report)
     finally:
-        for process in processes:
+        for process in [upstream, *(system.process for system in systems if system.process is not None)]:
             process.terminate()
-            process.wait(timeout=10)
+            process.wait(timeout=40)
         shutil.rmtree(work, ignore_errors=True)
 
 
+def median_run(runs: list[dict[str, float]]) -> dict[str, float]:
+    """The run of median throughput, whole (its latencies with it)."""
+    return sorted(runs, key=lambda run: run["rps"])[len(runs) // 2]
+
+
 def render(
-    rows: dict[str, dict[str, float]],
-    ttfb_direct: float,
-    ttfb_gateway: float,
-    peak: float,
+    rows: dict[tuple[str, int], dict[str, float]],
+    first_bytes: dict[str, float],
+    peaks: dict[str, list[float]],
     soak: list[float],
-    duration: int,
+    options: argparse.Namespace,
 ) -> str:
+    def rps(name: str, connections: int = 64) -> float:
+        return rows[name, connections]["rps"]
+
+    def p50(name: str) -> float:
+        return rows[name, 1]["p50"]
+
+    command = f"`.venv/bin/python bench/run.py --duration {options.duration} --rounds {options.rounds}"
+    command += f" --soak {options.soak}`" if options.soak else "`"
     lines = [
         "# credgate benchmark",
         "",
-        f"`.venv/bin/python bench/run.py --duration {duration}{' --soak ' + str(len(soak) * 10) if soak else ''}`"
-        f" on {CORES} cores, {time.strftime('%Y-%m-%d')}: gateway on core {GATEWAY_CORE}, upstream and wrk on core "
-        f"{LOAD_CORE}; POST chat/completions through the full path (token, lookup, key injection, usage record).",
+        f"{command} on {CORES} cores, {time.strftime('%Y-%m-%d')}, {credgate_revision()}. POST chat/completions "
+        "through the full path (token, lookup, allow-list, key injection, limits, usage record, access log, request "
+        f"id). The bare proxy and one-worker credgate on core {GATEWAY_CORE}, upstream and wrk on core {LOAD_CORE}; "
+        f"two-worker credgate on both. Median of {options.rounds} rounds of {options.duration} s.",
         "",
-        "| run | requests/s | p50 ms | p99 ms |",
-        "|---|---:|---:|---:|",
+        "| system | connections | requests/s | p50 ms | p99 ms |",
+        "|---|---:|---:|---:|---:|",
     ]
-    lines += [f"| {name} | {row['rps']:,.0f} | {row['p50']:.2f} | {row['p99']:.2f} |" for name, row in rows.items()]
-    added = rows["gateway c=1"]["p50"] - rows["direct c=1"]["p50"]
+    lines += [
+        f"| {name} | {connections} | {row['rps']:,.0f} | {row['p50']:.2f} | {row['p99']:.2f} |"
+        for (name, connections), row in sorted(rows.items(), key=lambda item: -item[0][1])
+    ]
+    one, two, bare = "credgate 1 worker", "credgate 2 workers", "bare proxy"
+    checks = [
+        ("1 worker / bare proxy at 64 connections", rps(one) / rps(bare), "≥ 0.90×", rps(one) / rps(bare) >= 0.9),
+        ("2 workers / 1 worker at 64 connections", rps(two) / rps(one), "≥ 1.70×", rps(two) / rps(one) >= 1.7),
+    ]
+    added = p50(one) - p50("direct")
+    added_sse = first_bytes[one] - first_bytes["direct"]
+    peak = max(value for values in peaks.values() for value in values)
     lines += [
         "",
-        f"- added latency at 1 connection, p50: **{added:.2f} ms**",
-        f"- SSE time to first byte: direct {ttfb_direct:.2f} ms, gateway {ttfb_gateway:.2f} ms, added "
-        f"**{ttfb_gateway - ttfb_direct:.2f} ms** (median of 200, new connection each)",
-        f"- gateway throughput at 64 connections: **{rows['gateway c=64']['rps']:,.0f} req/s** "
-        f"({rows['gateway c=64']['rps'] / rows['direct c=64']['rps']:.0%} of direct)",
-        f"- gateway peak RSS: **{peak:.0f} MB**",
+        "| target | measured | goal | met |",
+        "|---|---:|---:|---|",
+        *[f"| {label} | {value:.2f}× | {goal} | {'yes' if met else 'no'} |" for label, value, goal, met in checks],
+        f"| added latency at 1 connection, p50 | {added:.2f} ms | ≤ 0.25 ms | {'yes' if added <= 0.25 else 'no'} |",
+        f"| SSE time to first byte added | {added_sse:.2f} ms | ≤ 0.50 ms | {'yes' if added_sse <= 0.5 else 'no'} |",
+        f"| peak RSS per worker | {peak:.0f} MB | ≤ 100 MB | {'yes' if peak <= 100 else 'no'} |",
+        "",
+        f"- bare proxy: {rps(bare) / rps('direct'):.0%} of direct at 64 connections; added latency at 1 connection "
+        f"{p50(bare) - p50('direct'):.2f} ms; SSE first byte added {first_bytes[bare] - first_bytes['direct']:.2f} ms",
+        "- SSE time to first byte, median of 200 (new connection each): "
+        + ", ".join(f"{name} {value:.2f} ms" for name, value in first_bytes.items()),
+        "- peak RSS per worker (MB): "
+        + "; ".join(f"{name}: {', '.join(f'{value:.0f}' for value in values)}" for name, values in peaks.items()),
     ]
     if soak:
         lines.append(f"- soak, RSS every 10 s under load (MB): {', '.join(f'{value:.0f}' for value in soak)}")

@@ -7,9 +7,10 @@ everything else (admin API, panel, health) goes to the FastAPI control app.
 import asyncio
 import contextlib
 import logging
+import os
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
 from typing import Any
 
@@ -17,10 +18,10 @@ import aiohttp
 from fastapi import FastAPI
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from credgate import __version__
 from credgate.admin_api import router as admin_api_router
-from credgate.admin_ui import create_panel
 from credgate.config import Settings
 from credgate.error_responses import error_response, install_error_handlers
 from credgate.proxy import ProxyApp, create_http_session
@@ -41,10 +42,14 @@ class Gateway:
     def __init__(self, control: FastAPI, proxy: ASGIApp | None = None) -> None:
         self.control = control
         self.proxy = proxy
+        # X-Forwarded-For from a trusted front proxy names the client for the panel's sign-in throttle (uvicorn's
+        # own reading of it, on the same setting); the proxy plane has no use for the address and skips it.
+        trusted = os.environ.get("FORWARDED_ALLOW_IPS", "127.0.0.1,::1")
+        self._control_plane: ASGIApp = ProxyHeadersMiddleware(control, trusted_hosts=trusted)  # type: ignore[arg-type,assignment]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
-            await self.control(scope, receive, send)
+            await self._control_plane(scope, receive, send)
             return
         request_id = secrets.token_hex(8)
         scope.setdefault("state", {})["request_id"] = request_id
@@ -66,7 +71,7 @@ class Gateway:
 
         # Routed and logged on the path as received: the decoded one may hide a `/proxy/` or a line break.
         raw_path: bytes = scope.get("raw_path") or scope["path"].encode()
-        app = self.proxy if self.proxy is not None and raw_path.startswith(b"/proxy/") else self.control
+        app = self.proxy if self.proxy is not None and raw_path.startswith(b"/proxy/") else self._control_plane
         try:
             await app(scope, receive, send_with_id)
         finally:
@@ -79,6 +84,27 @@ class Gateway:
                 (time.perf_counter() - started) * 1000,
                 request_id,
             )
+
+
+class BuiltOnFirstUse:
+    """An ASGI app built when its first request comes."""
+
+    def __init__(self, build: Callable[[], ASGIApp]) -> None:
+        self._build = build
+        self._app: ASGIApp | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self._app is None:
+            self._app = self._build()
+        await self._app(scope, receive, send)
+
+
+def _panel(get_context: Callable[[], Context]) -> ASGIApp:
+    # Imported on the panel's first request: its templates (Jinja2) cost each worker about 10 MB, and a worker
+    # that serves only the proxy never needs them.
+    from credgate.admin_ui import create_panel
+
+    return create_panel(get_context)
 
 
 def create_app(
@@ -127,7 +153,7 @@ def create_app(
         control.state.context = context
     install_error_handlers(control)
     control.include_router(admin_api_router)
-    control.mount("/admin", create_panel(lambda: control.state.context))
+    control.mount("/admin", BuiltOnFirstUse(lambda: _panel(lambda: control.state.context)))
 
     @control.get("/healthz", include_in_schema=False)
     async def healthz() -> dict[str, str]:

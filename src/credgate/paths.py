@@ -7,11 +7,13 @@ recognised the way lenient upstream servers read them: with path parameters (`..
 surrounding spaces removed, and any run of dots counts (Windows servers read `...` as `..`).
 """
 
+import functools
 import re
 from urllib.parse import unquote_to_bytes, urlsplit
 
 _BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
 _FORBIDDEN_BYTES = frozenset(b"/\\?#\x7f") | frozenset(range(0x20))
+_CACHED_PATH_LENGTH = 200  # 1,024 parses of at most this length are kept
 
 
 class MalformedPath(ValueError):
@@ -33,12 +35,20 @@ def parse_segment(raw: str) -> str:
 def parse_path(raw_path: str) -> tuple[str, ...]:
     """A raw endpoint path → its decoded segments; a trailing slash is kept as a last empty segment, which some
     APIs need (an allow-list's `*` or `**` lets it through)."""
+    # Clients call the same few endpoints over and over: their parses are kept, within a bounded size.
+    return _parse_common_path(raw_path) if len(raw_path) <= _CACHED_PATH_LENGTH else _parse_path(raw_path)
+
+
+def _parse_path(raw_path: str) -> tuple[str, ...]:
     if not raw_path:
         raise MalformedPath("empty path")
     raws = raw_path.split("/")
     trailing = len(raws) > 1 and raws[-1] == ""
     segments = tuple(parse_segment(raw) for raw in (raws[:-1] if trailing else raws))
     return (*segments, "") if trailing else segments
+
+
+_parse_common_path = functools.lru_cache(maxsize=1024)(_parse_path)
 
 
 def path_matches(pattern: str, segments: tuple[str, ...] | list[str]) -> bool:

@@ -2,6 +2,7 @@
 
 from datetime import UTC, datetime
 from typing import Any
+from unittest import mock
 
 import sqlalchemy as sa
 from alembic import command
@@ -10,7 +11,7 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy.ext.asyncio import AsyncConnection, create_async_engine
 
-from credgate.storage.database import MIGRATIONS_DIR
+from credgate.storage.database import HEAD_REVISION, MIGRATIONS_DIR, _upgrade
 from credgate.storage.models import Base
 
 NOW = datetime(2025, 1, 1, tzinfo=UTC)
@@ -87,3 +88,28 @@ async def test_the_models_are_what_the_migrations_make(database: tuple[str, dict
         assert differences == []
     finally:
         await engine.dispose()
+
+
+def test_head_revision_is_alembics_head() -> None:
+    """The gateway skips Alembic on a database at HEAD_REVISION: that must be the newest migration, or a new
+    one would never run."""
+    from alembic.script import ScriptDirectory
+
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    assert ScriptDirectory.from_config(config).get_heads() == [HEAD_REVISION]
+
+
+async def test_a_database_at_head_is_not_migrated_again(tmp_path: Any) -> None:
+    """Opening an up-to-date database reads its revision and never calls Alembic; an older one is migrated."""
+    engine = create_async_engine(f"sqlite+aiosqlite:///{tmp_path / 'db.sqlite'}")
+    try:
+        async with engine.begin() as connection:
+            await connection.run_sync(_migrate, "0004")
+            await connection.run_sync(_upgrade)  # behind: migrated
+            with mock.patch("alembic.command.upgrade", side_effect=AssertionError("Alembic ran")):
+                await connection.run_sync(_upgrade)  # a second start
+            version = (await connection.execute(sa.text("SELECT version_num FROM alembic_version"))).scalar()
+    finally:
+        await engine.dispose()
+    assert version == HEAD_REVISION

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from urllib.parse import quote
 
 import aiohttp
-from google.auth import crypt, jwt
 
 from credgate.crypto import Secret
 from credgate.errors import BadGateway
@@ -163,6 +162,9 @@ def _form_headers() -> dict[str, str]:
 def _service_account_assertion(spec: GoogleServiceAccountAuth, secret: Secret, now: float) -> str | None:
     """The signed JWT (RFC 7523 section 2.1) Google trades for an access token, or None when the stored key is
     not a usable service-account key file (the reason is not kept: it could quote part of the key)."""
+    # Imported here: google-auth weighs about 20 MB in every worker, and few gateways hold a service account.
+    from google.auth import crypt, jwt
+
     try:
         info = service_account_info(secret.reveal())
         # google-auth's functions carry no annotations; their documented types are the ones given here.

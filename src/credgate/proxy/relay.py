@@ -365,8 +365,11 @@ class ProxyApp:
         content = response.content
         try:
             while True:
-                async with asyncio.timeout(idle_seconds):
-                    chunk = await content.readany()
+                # What has arrived is sent at once; a timer is armed only to wait for more.
+                chunk = content.read_nowait()
+                if not chunk and not content.is_eof():
+                    async with asyncio.timeout(idle_seconds):
+                        chunk = await content.readany()
                 done = content.at_eof()
                 watch.finishing = done
                 if chunk:

@@ -3,9 +3,9 @@
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import case, delete, func, insert, literal, select, update
+from sqlalchemy import Table, case, delete, func, insert, literal, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import selectinload
 
@@ -171,8 +171,8 @@ class Repository:
     # request records
 
     async def insert_request_records(self, rows: Sequence[Mapping[str, object]]) -> None:
-        """One multi-row INSERT: no ORM objects on the proxy's event loop."""
-        await self._session.execute(insert(RequestRecord), list(rows))
+        """One executemany of a Core INSERT: no ORM objects, nor the ORM's bulk path, on the proxy's event loop."""
+        await self._session.execute(insert(cast(Table, RequestRecord.__table__)), list(rows))
 
     async def list_request_records(self, project_id: str, *, limit: int) -> Sequence[RequestRecord]:
         statement = (

@@ -1,0 +1,100 @@
+"""The bare reference proxy: the floor a Python gateway cannot go under, measured beside credgate in every run.
+
+    python bench/bare_proxy.py PORT UPSTREAM_URL TOKEN KEY
+
+uvicorn with uvloop and httptools, a raw ASGI app, one aiohttp session: the project token is looked up in a dict,
+`Authorization` is swapped for the provider key, the request body is streamed up and the response streamed back.
+No limits, no log, no usage record, no request id: everything credgate adds is measured against this.
+"""
+
+import sys
+from collections.abc import AsyncIterator
+
+import aiohttp
+import uvicorn
+from starlette.types import Message, Receive, Scope, Send
+
+PREFIX = b"/proxy/openai/"
+DROPPED = {b"host", b"authorization", b"content-length", b"transfer-encoding", b"connection"}
+RESPONSE_DROPPED = {"transfer-encoding", "connection", "keep-alive"}
+
+
+class BareProxy:
+    def __init__(self, upstream: str, token: str, key: str) -> None:
+        self.upstream = upstream.rstrip("/") + "/"
+        self.keys = {f"Bearer {token}".encode(): f"Bearer {key}"}
+        self.session: aiohttp.ClientSession | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self.lifespan(receive, send)
+            return
+        headers = dict(scope["headers"])
+        key = self.keys.get(headers.get(b"authorization", b""))
+        path: bytes = scope["raw_path"]
+        if key is None or not path.startswith(PREFIX) or self.session is None:
+            await send({"type": "http.response.start", "status": 401, "headers": [(b"content-length", b"0")]})
+            await send({"type": "http.response.body", "body": b""})
+            return
+        upstream_headers = {
+            name.decode("latin-1"): value.decode("latin-1") for name, value in headers.items() if name not in DROPPED
+        }
+        upstream_headers["Authorization"] = key
+        length = headers.get(b"content-length")
+        if length is not None:
+            upstream_headers["Content-Length"] = length.decode()
+        has_body = length is not None or b"transfer-encoding" in headers
+
+        async def body() -> AsyncIterator[bytes]:
+            more = True
+            while more:
+                message: Message = await receive()
+                more = message.get("more_body", False)
+                yield message.get("body", b"")
+
+        url = self.upstream + path[len(PREFIX) :].decode("latin-1")
+        async with self.session.request(
+            scope["method"], url, headers=upstream_headers, data=body() if has_body else None
+        ) as response:
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": response.status,
+                    "headers": [
+                        (name, value)
+                        for name, value in response.raw_headers
+                        if name.decode("latin-1").lower() not in RESPONSE_DROPPED
+                    ],
+                }
+            )
+            async for chunk in response.content.iter_any():
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
+
+    async def lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                if self.session is not None:
+                    await self.session.close()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+
+if __name__ == "__main__":
+    port, upstream, token, key = sys.argv[1:5]
+    uvicorn.run(
+        BareProxy(upstream, token, key),
+        host="127.0.0.1",
+        port=int(port),
+        loop="uvloop",
+        http="httptools",
+        access_log=False,
+        proxy_headers=False,
+        server_header=False,
+        date_header=False,
+        log_level="warning",
+    )
