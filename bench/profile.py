@@ -1,7 +1,7 @@
 """Where one credgate worker spends its time under load: py-spy samples it while wrk drives the benchmark's
 request through it.
 
-    .venv/bin/python bench/profile.py [--duration 15] [--top 40] [--flame out.svg]
+    .venv/bin/python bench/profile.py [--duration 15] [--top 40] [--stacks stacks.txt]
 
 Prints, for the frames that matter, the share of samples in which each appears (inclusive), heaviest first, and
 the share of the samples spent in each function itself. Needs wrk and py-spy (`pip install py-spy`).
@@ -34,7 +34,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--duration", type=int, default=15)
     parser.add_argument("--top", type=int, default=40)
-    parser.add_argument("--flame", type=Path, help="also write a flame graph (SVG) here")
+    parser.add_argument("--stacks", type=Path, help="also keep py-spy's collapsed stacks here (for flamegraph.pl)")
     parser.add_argument("--connections", type=int, default=64)
     parser.add_argument("--bare", action="store_true", help="profile the bare reference proxy instead")
     parser.add_argument("--all-threads", action="store_true", help="also sample threads not holding the GIL")
@@ -77,8 +77,8 @@ def main() -> None:
         subprocess.run(pinned(LOAD_CORE, [*record, "--format", "raw", "--output", str(raw)]), check=True)
         print(wrk.communicate()[0])
         print(summarise(raw.read_text(), options.top))
-        if options.flame:
-            shutil.copy(raw, options.flame.with_suffix(".txt"))
+        if options.stacks:
+            shutil.copy(raw, options.stacks)
     finally:
         for process in (gateway, upstream):
             process.terminate()

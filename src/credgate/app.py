@@ -11,7 +11,6 @@ import os
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable
-from datetime import timedelta
 from typing import Any
 
 import aiohttp
@@ -24,11 +23,10 @@ from credgate import __version__
 from credgate.admin_api import router as admin_api_router
 from credgate.config import Settings
 from credgate.error_responses import error_response, install_error_handlers
-from credgate.proxy import ProxyApp, create_http_session
-from credgate.services.access import follow_changes
+from credgate.proxy import ProxyApp
+from credgate.runtime import Runtime
 from credgate.services.bootstrap import open_context
 from credgate.services.context import Context
-from credgate.services.usage import UsageRecorder
 
 logger = logging.getLogger("credgate.access")
 REQUEST_ID_HEADER = b"x-request-id"
@@ -39,13 +37,17 @@ _READY_TIMEOUT_SECONDS = 2.0
 class Gateway:
     """The ASGI entry point: gives every HTTP request an id, logs it, and routes it to its plane."""
 
-    def __init__(self, control: FastAPI, proxy: ASGIApp | None = None) -> None:
+    def __init__(self, control: FastAPI, runtime: Runtime) -> None:
         self.control = control
-        self.proxy = proxy
+        self.runtime = runtime
         # X-Forwarded-For from a trusted front proxy names the client for the panel's sign-in throttle (uvicorn's
         # own reading of it, on the same setting); the proxy plane has no use for the address and skips it.
         trusted = os.environ.get("FORWARDED_ALLOW_IPS", "127.0.0.1,::1")
         self._control_plane: ASGIApp = ProxyHeadersMiddleware(control, trusted_hosts=trusted)  # type: ignore[arg-type,assignment]
+
+    @property
+    def proxy(self) -> ProxyApp | None:
+        return self.runtime.proxy
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -71,7 +73,8 @@ class Gateway:
 
         # Routed and logged on the path as received: the decoded one may hide a `/proxy/` or a line break.
         raw_path: bytes = scope.get("raw_path") or scope["path"].encode()
-        app = self.proxy if self.proxy is not None and raw_path.startswith(b"/proxy/") else self._control_plane
+        proxy = self.runtime.proxy
+        app = proxy if proxy is not None and raw_path.startswith(b"/proxy/") else self._control_plane
         try:
             await app(scope, receive, send_with_id)
         finally:
@@ -110,36 +113,14 @@ def _panel(get_context: Callable[[], Context]) -> ASGIApp:
 def create_app(
     settings: Settings, *, context: Context | None = None, http_session: aiohttp.ClientSession | None = None
 ) -> Gateway:
-    """Build the gateway. Given `context` or `http_session`, they are used as they are (tests); otherwise
-    they are opened at start and closed at shutdown. The proxy exists once the lifespan has started."""
+    """Build the gateway over one Runtime. Given `context` or `http_session`, they are used as they are (tests);
+    otherwise they are opened at start and closed at shutdown. The proxy exists once the lifespan has started."""
+    runtime = Runtime(settings, open_context, context=context, http_session=http_session)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        ctx = context or await open_context(settings)
-        session = http_session or create_http_session(allow_private_upstreams=settings.allow_private_upstreams)
-        recorder = UsageRecorder(ctx, retention=timedelta(days=settings.request_log_days))
-        app.state.context = ctx
-        proxy = gateway.proxy = ProxyApp(ctx, settings, session, recorder)
-        app.state.verify_key = proxy.verify_key  # the admin API's KeyVerifier, without knowing the proxy
-        tasks = [
-            asyncio.create_task(follow_changes(ctx, interval=settings.change_poll_seconds)),
-            asyncio.create_task(recorder.run()),
-        ]
-        try:
+        async with runtime.running():
             yield
-        finally:
-            gateway.proxy = None
-            app.state.verify_key = None
-            for task in tasks:
-                task.cancel()
-            for task in tasks:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-            await proxy.upstreams.close()  # the sessions of integrations' exceptions, always the proxy's own
-            if http_session is None:
-                await session.close()
-            if context is None:
-                await ctx.database.dispose()
 
     control = FastAPI(
         title="credgate admin API",
@@ -149,11 +130,10 @@ def create_app(
         redoc_url=None,
         lifespan=lifespan,
     )
-    if context is not None:
-        control.state.context = context
+    control.state.runtime = runtime  # the admin API's, read through admin_api.routes.runtime_of
     install_error_handlers(control)
     control.include_router(admin_api_router)
-    control.mount("/admin", BuiltOnFirstUse(lambda: _panel(lambda: control.state.context)))
+    control.mount("/admin", BuiltOnFirstUse(lambda: _panel(lambda: runtime.context)))
 
     @control.get("/healthz", include_in_schema=False)
     async def healthz() -> dict[str, str]:
@@ -161,7 +141,7 @@ def create_app(
 
     @control.get("/readyz", include_in_schema=False)
     async def readyz() -> Any:
-        ctx: Context = control.state.context
+        ctx = runtime.context
         # Waited for without cancelling it on the spot: cancelling a query on a hung connection would wait on
         # that connection again (to roll back), and /readyz would hang with it.
         ping = asyncio.ensure_future(ctx.database.ping())
@@ -174,5 +154,4 @@ def create_app(
             return error_response(503, "storage unavailable")
         return JSONResponse({"status": "ready"})
 
-    gateway = Gateway(control)
-    return gateway
+    return Gateway(control, runtime)

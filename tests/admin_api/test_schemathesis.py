@@ -82,7 +82,7 @@ async def admin_api(settings: Settings, ctx: Context, admin_token: str) -> Async
         ctx, project_id=project.id, provider="openai", template_id="openai-chat-completions", api_key=KEY, actor="t"
     )
     app = create_app(settings, context=ctx)
-    app.control.state.verify_key = _no_verification  # no provider is called from here
+    app.runtime.verify_key = _no_verification  # type: ignore[method-assign]  # no provider is called from here
     transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
     headers = {"Authorization": f"Bearer {admin_token}"}
     async with httpx.AsyncClient(transport=transport, base_url="http://credgate.test", headers=headers) as client:

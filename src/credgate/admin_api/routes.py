@@ -1,7 +1,7 @@
 """Admin API routes: each authenticates the admin, calls one service, and answers an `…Out` schema."""
 
 from collections.abc import Callable, Coroutine
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Protocol
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.routing import APIRoute
@@ -28,11 +28,13 @@ from credgate.admin_api.schemas import (
     actor_of,
 )
 from credgate.error_responses import ERROR_RESPONSES
-from credgate.errors import Unauthorized, Unavailable
+from credgate.errors import Unauthorized
 from credgate.limits import ListLimit, Moment
+from credgate.resolved import ResolvedIntegration
 from credgate.services import admins, audit, integrations, projects, usage, verification
 from credgate.services.context import Context
-from credgate.services.verification import KeyVerifier
+from credgate.services.verification import Verification
+from credgate.specs import Endpoint
 from credgate.storage.models import Integration
 
 _bearer = HTTPBearer(auto_error=False)
@@ -64,9 +66,25 @@ class AuthenticatedRoute(APIRoute):
 router = APIRouter(prefix="/api/v1", route_class=AuthenticatedRoute, responses=ERROR_RESPONSES)
 
 
+class AdminRuntime(Protocol):
+    """What the admin API needs of the running gateway (credgate.runtime.Runtime)."""
+
+    @property
+    def context(self) -> Context: ...
+
+    async def verify_key(
+        self, *, project_id: str, integration: ResolvedIntegration, call: Endpoint
+    ) -> Verification: ...
+
+
+def runtime_of(request: Request) -> AdminRuntime:
+    """The gateway's runtime, which create_app gives the app it mounts this router on."""
+    runtime: AdminRuntime = request.app.state.runtime
+    return runtime
+
+
 def get_context(request: Request) -> Context:
-    context: Context = request.app.state.context
-    return context
+    return runtime_of(request).context
 
 
 ContextDep = Annotated[Context, Depends(get_context)]
@@ -222,11 +240,9 @@ async def _with_verification(
 ) -> VerifiedIntegrationOut | IntegrationOut:
     """The integration, and when asked, what the provider said of its key (the key is saved either way)."""
     out = IntegrationOut.of(integration)
-    verifier: KeyVerifier | None = getattr(request.app.state, "verify_key", None)
     if not verify:
         return out
-    if verifier is None:
-        raise Unavailable("key verification needs the running gateway")
+    verifier = runtime_of(request).verify_key
     found = await verification.verify_provider_key(ctx, verifier, project_id=project_id, provider=integration.provider)
     return VerifiedIntegrationOut(**out.model_dump(), verification=VerificationOut.of(found))
 

@@ -1,0 +1,88 @@
+"""The runtime: what one gateway process serves with once started, and the one object the planes reach it by.
+
+create_app builds the proxy router, the admin API and the panel over a Runtime; the lifespan opens it (`running`)
+and closes it. Until then, and after, the context is unavailable (503) and there is no proxy.
+"""
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import timedelta
+
+import aiohttp
+
+from credgate.config import Settings
+from credgate.errors import Unavailable
+from credgate.proxy import ProxyApp, create_http_session
+from credgate.resolved import ResolvedIntegration
+from credgate.services.access import follow_changes
+from credgate.services.context import Context
+from credgate.services.usage import UsageRecorder
+from credgate.services.verification import Verification
+from credgate.specs import Endpoint
+
+ContextOpener = Callable[[Settings], Awaitable[Context]]
+"""Opens the services' context at start: `bootstrap.open_context` (migrates, first-run setup) for one process,
+`bootstrap.attach_context` for a worker of several."""
+
+
+class Runtime:
+    """One process's running gateway: its services' context and its proxy (with the proxy's key verifier)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        open_context: ContextOpener,
+        *,
+        context: Context | None = None,
+        http_session: aiohttp.ClientSession | None = None,
+    ) -> None:
+        """Given `context` or `http_session`, they are used as they are and left open (tests); otherwise they are
+        opened at start and closed at shutdown."""
+        self.settings = settings
+        self._open_context = open_context
+        self._given_context = context
+        self._given_session = http_session
+        self._context = context
+        self.proxy: ProxyApp | None = None
+
+    @property
+    def context(self) -> Context:
+        if self._context is None:
+            raise Unavailable("the gateway is not running")
+        return self._context
+
+    async def verify_key(self, *, project_id: str, integration: ResolvedIntegration, call: Endpoint) -> Verification:
+        """The proxy's key verification (a KeyVerifier): made like any proxied request."""
+        if self.proxy is None:
+            raise Unavailable("key verification needs the running gateway")
+        return await self.proxy.verify_key(project_id=project_id, integration=integration, call=call)
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        """Open the context and the proxy, with the tasks that keep them current, for the block; then close."""
+        settings = self.settings
+        ctx = self._given_context or await self._open_context(settings)
+        session = self._given_session or create_http_session(allow_private_upstreams=settings.allow_private_upstreams)
+        recorder = UsageRecorder(ctx, retention=timedelta(days=settings.request_log_days))
+        proxy = ProxyApp(ctx, settings, session, recorder)
+        self._context, self.proxy = ctx, proxy
+        tasks = [
+            asyncio.create_task(follow_changes(ctx, interval=settings.change_poll_seconds)),
+            asyncio.create_task(recorder.run()),
+        ]
+        try:
+            yield
+        finally:
+            self.proxy = None
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            await proxy.upstreams.close()  # the sessions of integrations' exceptions, always the proxy's own
+            if self._given_session is None:
+                await session.close()
+            if self._given_context is None:
+                self._context = None
+                await ctx.database.dispose()
