@@ -13,7 +13,7 @@ import aiohttp
 import httpx
 import pytest
 
-import credgate.app
+import credgate.runtime
 from credgate.proxy import create_http_session
 from credgate.services import admins
 from credgate.services.context import Context
@@ -45,7 +45,7 @@ def outbound(monkeypatch: pytest.MonkeyPatch) -> list[aiohttp.ClientSession]:
         made.append(create_http_session(**options))
         return made[-1]
 
-    monkeypatch.setattr(credgate.app, "create_http_session", capture)
+    monkeypatch.setattr(credgate.runtime, "create_http_session", capture)
     return made
 
 

@@ -8,6 +8,7 @@ from starlette.types import Receive, Send
 
 from credgate.error_responses import ERROR_HEADER, error_body
 from credgate.errors import ServiceError
+from credgate.proxy.deadlines import Deadlines
 
 WATCH_DELAY_SECONDS = 0.2
 _JSON_ERROR_HEADERS = [(b"content-type", b"application/json"), (ERROR_HEADER.encode(), b"true")]
@@ -81,8 +82,17 @@ class RequestBody:
     """The client's body as the upstream reads it: whole when it came in one piece, else streamed,
     counted against the limit and the client's idle time either way."""
 
-    def __init__(self, receive: Receive, *, limit: int, idle_seconds: float, on_complete: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        receive: Receive,
+        *,
+        limit: int,
+        idle_seconds: float,
+        on_complete: Callable[[], None],
+        deadlines: Deadlines,
+    ) -> None:
         self._receive = receive
+        self._deadlines = deadlines
         self._on_complete = on_complete
         self._limit = limit
         self._idle = idle_seconds
@@ -91,7 +101,7 @@ class RequestBody:
 
     async def _next(self) -> tuple[bytes, bool]:
         try:
-            async with asyncio.timeout(self._idle):
+            with self._deadlines.within(self._idle):
                 message = await self._receive()
         except TimeoutError:
             self.problem = ClientIdle()

@@ -32,6 +32,7 @@ from credgate.proxy.client import (
     RequestBody,
     send_error,
 )
+from credgate.proxy.deadlines import Deadlines
 from credgate.proxy.guard import NonPublicAddress
 from credgate.proxy.limits import RateLimiter, retry_after_header
 from credgate.proxy.oauth import TokenBroker
@@ -98,6 +99,7 @@ class ProxyApp:
         self.max_in_flight = max_in_flight
         self.client_idle_seconds = settings.client_body_timeout_seconds
         self.rate_limiter = RateLimiter()
+        self.deadlines = Deadlines()
         self.in_flight = 0
         # The shared public-only session, and one per integration's list of exceptions to the guard.
         self.upstreams = Upstreams(
@@ -224,7 +226,11 @@ class ProxyApp:
         # Once the body is read, the rest of receive() only reports a client that leaves: watch for it.
         watch = ClientWatch(receive)
         body = RequestBody(
-            receive, limit=self.max_request_bytes, idle_seconds=self.client_idle_seconds, on_complete=watch.start
+            receive,
+            limit=self.max_request_bytes,
+            idle_seconds=self.client_idle_seconds,
+            on_complete=watch.start,
+            deadlines=self.deadlines,
         )
         headers = plan.headers
         try:
@@ -237,7 +243,7 @@ class ProxyApp:
                 )
             elif not isinstance(data, bytes) and length is not None:
                 headers = [*headers, ("Content-Length", str(length))]
-            async with asyncio.timeout(integration.timeout_seconds):
+            with self.deadlines.within(integration.timeout_seconds):
                 response = await self.upstreams.session_for(integration.private_networks).request(
                     plan.method, URL(plan.url, encoded=True), headers=headers, data=data, allow_redirects=False
                 )
