@@ -10,7 +10,6 @@ it (see `run_workers`): each runs the whole gateway, attached to the database th
 """
 
 import asyncio
-import gc
 import logging
 import secrets
 import signal
@@ -280,7 +279,6 @@ class WorkerApp:
                 await ctx.database.dispose()
             await send(message)
 
-        asyncio.get_running_loop().call_later(1.0, gc.freeze)  # start-up objects out of the collector's way
         try:
             await self.gateway(scope, receive_from_startup, send_once_closed)
         except BaseException:
