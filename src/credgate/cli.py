@@ -83,7 +83,7 @@ def _run(settings: Settings, work: Callable[[Context], Awaitable[T]]) -> T:
         try:
             return await work(ctx)
         finally:
-            await ctx.database.dispose()
+            await ctx.close()
 
     try:
         return asyncio.run(main())
@@ -170,12 +170,12 @@ def serve(settings: Settings, host: str | None, port: int | None, workers: int |
         try:
             await server.serve()
         finally:
-            await ctx.database.dispose()
+            await ctx.close()
 
     async def prepare_workers() -> str:
         """Migrations, the identity check and first-run setup happen here, once, before any worker starts."""
         ctx = await _open_and_announce(settings)
-        await ctx.database.dispose()
+        await ctx.close()
         if ctx.database.database_id is None:
             raise AssertionError("unreachable: open_context settles the database's id")
         return ctx.database.database_id
@@ -215,7 +215,7 @@ async def _open_and_announce(settings: Settings) -> Context:
                 f"\nNo admin exists yet. Create the first one, once, at:\n  {base}/admin/setup?token={setup_token}\n"
             )
     except BaseException:
-        await ctx.database.dispose()
+        await ctx.close()
         raise
     return ctx
 

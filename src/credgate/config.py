@@ -34,6 +34,10 @@ class Settings(BaseSettings):
     change_poll_seconds: float = Field(default=0.5, gt=0, le=1)
     # On SIGTERM: stop accepting, let requests and streams in flight finish for at most this long, exit 0.
     drain_seconds: float = Field(default=30.0, ge=0, le=3600)
+    # Shared by every worker and instance: rate limits counted once, change notices (README, Many instances).
+    redis_url: SecretStr | None = None
+    # While the database does not answer, cached access is served for at most this long (0: never), then 503.
+    stale_seconds: float = Field(default=30.0, ge=0, le=86400)
     log_level: str = "info"
     # How long the request log keeps a proxied request (bodies are never kept).
     request_log_days: int = Field(default=30, ge=1)

@@ -14,6 +14,7 @@ import aiohttp
 
 from credgate.config import Settings
 from credgate.errors import Unavailable
+from credgate.fleet import RateLimiter, SharedRateLimiter
 from credgate.proxy import ProxyApp, create_http_session
 from credgate.resolved import ResolvedIntegration
 from credgate.services.access import follow_changes
@@ -66,15 +67,20 @@ class Runtime:
         ctx = self._given_context or await self._open_context(settings)
         session = self._given_session or create_http_session(allow_private_upstreams=settings.allow_private_upstreams)
         recorder = UsageRecorder(ctx, retention=timedelta(days=settings.request_log_days))
-        proxy = ProxyApp(ctx, settings, session, recorder)
+        rate_limits = RateLimiter() if ctx.fleet is None else SharedRateLimiter(ctx.fleet, RateLimiter())
+        proxy = ProxyApp(ctx, settings, session, recorder, rate_limits=rate_limits)
         self._context, self.proxy = ctx, proxy
         # The objects of start-up (modules, the ORM's and pydantic's) live as long as the process: out of the
         # collector's way, a full collection under load takes a fraction of the time.
         asyncio.get_running_loop().call_later(1.0, gc.freeze)
         tasks = [
-            asyncio.create_task(follow_changes(ctx, interval=settings.change_poll_seconds)),
+            asyncio.create_task(
+                follow_changes(ctx, interval=settings.change_poll_seconds, stale_seconds=settings.stale_seconds)
+            ),
             asyncio.create_task(recorder.run()),
         ]
+        if ctx.fleet is not None:  # notices at once; the polling above stays the safety net
+            tasks.append(asyncio.create_task(ctx.fleet.follow_changes(ctx.access.invalidate)))
         try:
             yield
         finally:
@@ -89,4 +95,4 @@ class Runtime:
                 await session.close()
             if self._given_context is None:
                 self._context = None
-                await ctx.database.dispose()
+                await ctx.close()

@@ -276,13 +276,13 @@ class WorkerApp:
         async def send_once_closed(message: Message) -> None:
             # Closed before uvicorn hears the shutdown is complete: it then ends the process, cancelling what is left.
             if message["type"] in {"lifespan.shutdown.complete", "lifespan.shutdown.failed"}:
-                await ctx.database.dispose()
+                await ctx.close()
             await send(message)
 
         try:
             await self.gateway(scope, receive_from_startup, send_once_closed)
         except BaseException:
-            await ctx.database.dispose()
+            await ctx.close()
             raise
 
 

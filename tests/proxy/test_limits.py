@@ -2,7 +2,7 @@
 
 import pytest
 
-from credgate.proxy.limits import RateLimiter, retry_after_header
+from credgate.fleet import RateLimiter, retry_after_header
 
 
 def burst(limiter: RateLimiter, project: str, rate: int, *, now: float) -> int:

@@ -51,7 +51,7 @@ async def look(ctx: Context, token: str) -> object:
 
 @asynccontextmanager
 async def following(ctx: Context, settings: Settings) -> AsyncIterator[None]:
-    task = asyncio.create_task(follow_changes(ctx, interval=settings.change_poll_seconds))
+    task = asyncio.create_task(follow_changes(ctx, interval=settings.change_poll_seconds, stale_seconds=30))
     try:
         yield
     finally:

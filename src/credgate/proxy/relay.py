@@ -24,6 +24,7 @@ from credgate.errors import (
     Unauthorized,
     Unavailable,
 )
+from credgate.fleet import RateLimiter, RateLimits, retry_after_header
 from credgate.proxy.client import (
     BodyProblem,
     BodyTooLarge,
@@ -34,7 +35,6 @@ from credgate.proxy.client import (
 )
 from credgate.proxy.deadlines import Deadlines
 from credgate.proxy.guard import NonPublicAddress
-from credgate.proxy.limits import RateLimiter, retry_after_header
 from credgate.proxy.oauth import TokenBroker
 from credgate.proxy.plan import (
     Headers,
@@ -91,14 +91,16 @@ class ProxyApp:
         session: aiohttp.ClientSession,
         recorder: UsageRecorder,
         *,
+        rate_limits: RateLimits | None = None,
         max_in_flight: int = 1000,
     ) -> None:
+        """`rate_limits`: the fleet's shared counters where there are some; else this process counts alone."""
         self.ctx = ctx
         self.recorder = recorder
         self.max_request_bytes = settings.max_request_bytes
         self.max_in_flight = max_in_flight
         self.client_idle_seconds = settings.client_body_timeout_seconds
-        self.rate_limiter = RateLimiter()
+        self.rate_limits: RateLimits = rate_limits or RateLimiter()
         self.deadlines = Deadlines()
         self.in_flight = 0
         # The shared public-only session, and one per integration's list of exceptions to the guard.
@@ -148,7 +150,7 @@ class ProxyApp:
             endpoint=raw_endpoint,
         )
         try:
-            integration, credential, length = self._authorize(scope, access, provider, raw_endpoint)
+            integration, credential, length = await self._authorize(scope, access, provider, raw_endpoint)
             await self._relay(scope, receive, send, integration, credential, length, raw_endpoint, record, token)
         except ServiceError as error:
             record.status = error.status
@@ -180,7 +182,7 @@ class ProxyApp:
             raise _unauthorized()
         return access, token
 
-    def _authorize(
+    async def _authorize(
         self, scope: Scope, access: Access, provider: str, raw_endpoint: str
     ) -> tuple[ResolvedIntegration, Secret, int | None]:
         """The pure checks after the token (plan.admit), then the project's rate limit (429), which counts."""
@@ -193,7 +195,7 @@ class ProxyApp:
             max_request_bytes=self.max_request_bytes,
         )
         if access.rate_limit_per_minute is not None:
-            wait = self.rate_limiter.acquire(access.project_id, access.rate_limit_per_minute)
+            wait = await self.rate_limits.check(access.project_id, access.rate_limit_per_minute)
             if wait:
                 raise RateLimited(
                     f"rate limit of {access.rate_limit_per_minute} requests per minute exceeded",

@@ -6,6 +6,7 @@ instance's or the CLI's, within `change_poll_seconds`, by watching the change ma
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -24,6 +25,8 @@ from credgate.storage.models import Integration
 
 # Long enough for a busy but healthy database, short enough that a hung one soon means 503 rather than a queue.
 LOOKUP_TIMEOUT_SECONDS = 5.0
+# A read of the change marker not answered within this counts as the database not answering.
+POLL_TIMEOUT_SECONDS = 2.0
 
 logger = logging.getLogger(__name__)
 _auth_adapter: TypeAdapter[AuthSpec] = TypeAdapter(AuthSpec)
@@ -70,6 +73,8 @@ async def resolve_access(ctx: Context, *, token: str, provider: str) -> Access |
         if token_hash in cache.unknown:
             return None
         cached = await _shared_lookup(ctx, token_hash=token_hash, provider=provider)
+    if cache.stale_after is not None and time.monotonic() > cache.stale_after:
+        raise StorageUnavailable("the database has not answered for longer than CREDGATE_STALE_SECONDS")
     if not isinstance(cached, Access):
         return None
     if cached.token_expires_at is not None and cached.token_expires_at <= ctx.clock():
@@ -123,16 +128,46 @@ def _forget(
         task.exception()  # retrieved: a failure nobody waited for any more is not reported as lost
 
 
-async def follow_changes(ctx: Context, *, interval: float) -> None:
-    """Clear the cache whenever another instance or the CLI changes configuration; runs until cancelled."""
+async def follow_changes(ctx: Context, *, interval: float, stale_seconds: float) -> None:
+    """Clear the cache whenever another instance or the CLI changes configuration; runs until cancelled.
+
+    Also the judge of the database's health for the proxy: while the marker cannot be read, the cache is served
+    for `stale_seconds` after the last read that succeeded, then refused (StorageUnavailable, a 503)."""
+    cache = ctx.access
     seen: str | None = None
+    confirmed = time.monotonic()
+    failing = False
     while True:
+        started = time.monotonic()
+        read = asyncio.ensure_future(_read_marker(ctx))
+        done, _ = await asyncio.wait({read}, timeout=POLL_TIMEOUT_SECONDS)
+        if not done:
+            # Hung: stale from now on, but waited out rather than cancelled (see _shared_lookup), and never doubled.
+            cache.stale_after = confirmed + stale_seconds
+            await asyncio.wait({read})
         try:
-            async with ctx.database.transaction(write=False) as repo:
-                marker = await repo.get_meta(CHANGE_MARKER)
+            marker = read.result()
+        except Exception as error:  # the next poll retries; the gateway keeps serving from what it knows, a while
+            cache.stale_after = confirmed + stale_seconds
+            if not failing:
+                failing = True
+                logger.warning(
+                    "the database does not answer (%s); serving from memory for at most %s s",
+                    type(error).__name__,
+                    stale_seconds,
+                )
+        else:
+            confirmed = started
+            if failing:
+                failing = False
+                logger.warning("the database answers again")
             if marker != seen:  # the first read too: what was cached before it may predate a change
-                ctx.access.invalidate()
+                cache.invalidate()
                 seen = marker
-        except Exception:  # the next poll retries; the gateway keeps serving from what it knows
-            logger.warning("could not read the change marker; retrying", exc_info=True)
+            cache.stale_after = None
         await asyncio.sleep(interval)
+
+
+async def _read_marker(ctx: Context) -> str | None:
+    async with ctx.database.transaction(write=False) as repo:
+        return await repo.get_meta(CHANGE_MARKER)

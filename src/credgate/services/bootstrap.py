@@ -14,6 +14,7 @@ from credgate.catalog import CatalogError, all_templates
 from credgate.config import Settings
 from credgate.crypto import KeyRing
 from credgate.errors import StartupError
+from credgate.fleet import open_fleet
 from credgate.masterkey import create_keyring, load_keyring, write_private_file
 from credgate.services.context import Context
 from credgate.services.master_keys import KEY_CHECK, ensure_key_check, verify_key_check
@@ -103,10 +104,15 @@ def _context(settings: Settings, database: Database, keyring: KeyRing) -> Contex
         templates = all_templates(settings.data_dir / "templates")
     except CatalogError as error:
         raise StartupError(f"invalid template file: {error}") from None
+    fleet = None
+    if settings.redis_url is not None:
+        # Namespaced by the database: instances share a Redis key space only when they share the database.
+        fleet = open_fleet(settings.redis_url.get_secret_value(), namespace=f"credgate:{database.database_id}")
     return Context(
         database=database,
         keyring=keyring,
         templates=templates,
+        fleet=fleet,
         allow_private_upstreams=settings.allow_private_upstreams,
     )
 

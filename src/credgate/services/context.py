@@ -10,6 +10,7 @@ from typing import Any
 
 from credgate.catalog import Template
 from credgate.crypto import KeyRing
+from credgate.fleet import Fleet
 from credgate.limits import MAX_ACTOR_LENGTH
 from credgate.storage import Database, Repository
 from credgate.storage.models import AuditEvent
@@ -33,7 +34,8 @@ def plausible_id(text: str) -> bool:
 
 
 class AccessCache:
-    """The proxy's resolved lookups in memory; any change clears it (README, Proxy).
+    """The proxy's resolved lookups in memory; any change clears it (README, Proxy). While the database does not
+    answer, it is served for `CREDGATE_STALE_SECONDS` after the last time the database did (`stale_after`).
 
     `generation` lets a lookup that raced with a change refuse to store what it read before the change.
     Unknown tokens are remembered apart, and fewer, so a flood of made-up tokens cannot evict real entries.
@@ -47,6 +49,8 @@ class AccessCache:
         self.loading: dict[tuple[str, str, int], asyncio.Future[Any]] = {}
         self.max_entries = max_entries
         self.max_unknown = max_unknown
+        # While the database does not answer: the monotonic time after which entries are too stale to serve.
+        self.stale_after: float | None = None
 
     def invalidate(self) -> None:
         self.generation += 1
@@ -76,6 +80,8 @@ class Context:
     access: AccessCache = field(default_factory=AccessCache)
     clock: Callable[[], datetime] = utcnow
     allow_private_upstreams: bool = False
+    # The Redis shared with the other workers and instances, if any: changes are announced through it.
+    fleet: Fleet | None = None
 
     @asynccontextmanager
     async def change(
@@ -84,7 +90,8 @@ class Context:
         """A transaction that changes configuration: audited, visible to every instance, cache cleared.
 
         The audit event and the change marker commit with the change or not at all; this instance's cache is
-        cleared after the commit, so requests that start after the response see the change.
+        cleared after the commit, so requests that start after the response see the change. The other instances
+        hear of it through the fleet's Redis at once, else at their next poll of the marker.
         """
         async with self.database.transaction() as repo:
             yield repo
@@ -93,3 +100,10 @@ class Context:
             repo.add(AuditEvent(at=self.clock(), actor=who, action=action, project_id=project_id, provider=provider))
             await repo.set_meta(CHANGE_MARKER, secrets.token_hex(8))
         self.access.invalidate()
+        if self.fleet is not None:
+            await self.fleet.publish_change()
+
+    async def close(self) -> None:
+        await self.database.dispose()
+        if self.fleet is not None:
+            await self.fleet.close()

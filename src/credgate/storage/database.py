@@ -32,6 +32,12 @@ DATABASE_ID = "database_id"
 _SELECT_DATABASE_ID = "SELECT value FROM meta WHERE name = 'database_id'"
 _WRITE_OPTION = "credgate_write"
 _FILE_INFO = "credgate_file"  # the (device, inode) a pooled SQLite connection was opened on
+# Bounds on waiting for PostgreSQL, so that a database that stops answering turns a request into a 503 instead of
+# a hang: for a new connection, for a query's answer, and for a free connection in the pool. (A caller's
+# `connect_args` may set others.)
+PG_CONNECT_TIMEOUT_SECONDS = 5.0
+PG_COMMAND_TIMEOUT_SECONDS = 15.0
+POOL_TIMEOUT_SECONDS = 10.0
 # Arbitrary constant: serialises migrations of several instances starting at once on PostgreSQL.
 _PG_MIGRATION_LOCK = 0x63726467
 
@@ -60,8 +66,15 @@ class Database:
             parsed = parsed.set(
                 database=f"file:{quote(str(self.file))}", query={**parsed.query, "mode": "rw", "uri": "true"}
             )
+        bounds: dict[str, Any] = {}
+        if parsed.get_backend_name() == "postgresql" and parsed.get_driver_name() == "asyncpg":
+            bounds = {"timeout": PG_CONNECT_TIMEOUT_SECONDS, "command_timeout": PG_COMMAND_TIMEOUT_SECONDS}
+        engine_options: dict[str, Any] = {} if self.is_sqlite else {"pool_timeout": POOL_TIMEOUT_SECONDS}
         self.engine = create_async_engine(
-            parsed, connect_args=dict(connect_args or {}), pool_pre_ping=not self.is_sqlite
+            parsed,
+            connect_args={**bounds, **(connect_args or {})},
+            pool_pre_ping=not self.is_sqlite,
+            **engine_options,
         )
         engine = self.engine.sync_engine
         if self.is_sqlite:

@@ -1,0 +1,100 @@
+"""The connection to Redis and the change notices that go through it."""
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from credgate.errors import StartupError
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
+
+logger = logging.getLogger(__name__)
+
+# Redis is asked on the request path (a rate limit): when it does not answer within this, the request goes on
+# without it (counted in this process) rather than waiting.
+ANSWER_TIMEOUT_SECONDS = 0.25
+# After a failure, Redis is tried again at most this often: requests meanwhile use the fallback at once.
+RETRY_SECONDS = 1.0
+# How long the change follower waits for a notice before it checks that its subscription is alive.
+_LISTEN_SECONDS = 1.0
+
+
+class Fleet:
+    """One process's connection to the Redis its gateway's instances share, under a namespace of their own (the
+    database's id), so that several gateways may share one Redis."""
+
+    def __init__(self, redis: "Redis", *, namespace: str) -> None:
+        self.redis = redis
+        self.namespace = namespace
+        self.changes_channel = f"{namespace}:changes"
+        self._publish_failed = False
+
+    def key(self, *parts: str) -> str:
+        return ":".join((self.namespace, *parts))
+
+    async def publish_change(self) -> None:
+        """Tell every instance that configuration changed. Never raises: when Redis does not answer, instances
+        still find the change by polling the database (`CREDGATE_CHANGE_POLL_SECONDS`)."""
+        try:
+            await self.redis.publish(self.changes_channel, b"changed")
+        except Exception as error:
+            if not self._publish_failed:
+                logger.warning(
+                    "could not publish a change through Redis (%s): other instances find it by polling",
+                    type(error).__name__,
+                )
+            self._publish_failed = True
+        else:
+            self._publish_failed = False
+
+    async def follow_changes(self, on_change: Callable[[], None]) -> None:
+        """Call `on_change` on every change notice, until cancelled. Also once at every (re)subscription: notices
+        sent while this process was not listening are lost. A lost connection is retried every RETRY_SECONDS."""
+        failing = False
+        while True:
+            try:
+                async with self.redis.pubsub() as pubsub:
+                    await pubsub.subscribe(self.changes_channel)
+                    on_change()
+                    if failing:
+                        logger.warning("Redis answers again: change notices resumed")
+                        failing = False
+                    while True:
+                        message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=_LISTEN_SECONDS)
+                        if message is not None:
+                            on_change()
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:
+                if not failing:
+                    logger.warning(
+                        "lost the change notices from Redis (%s): changes are found by polling until it answers",
+                        type(error).__name__,
+                    )
+                failing = True
+                await asyncio.sleep(RETRY_SECONDS)
+
+    async def close(self) -> None:
+        await self.redis.aclose()
+
+
+def open_fleet(url: str, *, namespace: str) -> Fleet:
+    """A Fleet on the Redis at `url` (connections are made when first used: a start does not wait for Redis)."""
+    try:
+        from redis.asyncio import Redis
+    except ImportError:
+        raise StartupError(
+            "CREDGATE_REDIS_URL is set, but the Redis client is not installed: pip install 'credgate[redis]'"
+        ) from None
+    try:
+        redis = Redis.from_url(
+            url,
+            socket_timeout=ANSWER_TIMEOUT_SECONDS,
+            socket_connect_timeout=ANSWER_TIMEOUT_SECONDS,
+        )
+    except ValueError:
+        # Its message may quote the URL, password included.
+        raise StartupError("CREDGATE_REDIS_URL is not a valid redis:// URL") from None
+    return Fleet(redis, namespace=namespace)

@@ -1,0 +1,111 @@
+"""Rate limits: per process (a token bucket in memory), or counted once for every worker and instance that
+share a Redis (GCRA in one script, one round trip a request).
+
+GCRA (the generic cell rate algorithm) keeps one number per project, the theoretical arrival time, and admits
+exactly what the per-process token bucket (`RateLimiter`) admits: `rate` requests a minute,
+refilled continuously, bursting up to the full minute. Time is Redis's own clock, so instances whose clocks
+differ still agree. When Redis does not answer, the request is counted in this process instead (logged once),
+and Redis is tried again a second later.
+"""
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+from typing import Protocol
+
+from credgate.fleet.fleet import RETRY_SECONDS, Fleet
+
+logger = logging.getLogger(__name__)
+
+# KEYS[1]: the project's theoretical arrival time (µs, Redis's clock). ARGV[1]: the interval between requests
+# (µs); ARGV[2]: the burst, as a time (µs). Returns 0 when admitted, else the µs to wait.
+_GCRA = """
+local now = redis.call('TIME')
+local now_us = tonumber(now[1]) * 1000000 + tonumber(now[2])
+local interval = tonumber(ARGV[1])
+local burst = tonumber(ARGV[2])
+local tat = tonumber(redis.call('GET', KEYS[1])) or now_us
+if tat < now_us then tat = now_us end
+local next_tat = tat + interval
+local wait = next_tat - now_us - burst
+if wait > 0 then return wait end
+redis.call('SET', KEYS[1], next_tat, 'PX', math.ceil((next_tat - now_us) / 1000) + 1)
+return 0
+"""
+
+
+class RateLimits(Protocol):
+    async def check(self, project_id: str, rate_per_minute: int) -> float:
+        """0 when the request may go now, else the seconds to wait before one may."""
+        ...
+
+
+@dataclass(slots=True)
+class _Bucket:
+    tokens: float
+    updated: float
+    rate_per_minute: int
+
+
+class RateLimiter:
+    """Allows `rate_per_minute` requests per project, refilled continuously, bursting up to the full minute."""
+
+    def __init__(self, *, max_projects: int = 100_000) -> None:
+        self._buckets: dict[str, _Bucket] = {}
+        self._max_projects = max_projects
+
+    def acquire(self, project_id: str, rate_per_minute: int, *, now: float | None = None) -> float:
+        """0 when the request may go now, else the seconds to wait before one may."""
+        now = time.monotonic() if now is None else now
+        bucket = self._buckets.get(project_id)
+        if bucket is None or bucket.rate_per_minute != rate_per_minute:
+            if len(self._buckets) >= self._max_projects:
+                self._buckets.clear()
+            bucket = self._buckets[project_id] = _Bucket(float(rate_per_minute), now, rate_per_minute)
+        per_second = rate_per_minute / 60
+        bucket.tokens = min(float(rate_per_minute), bucket.tokens + (now - bucket.updated) * per_second)
+        bucket.updated = now
+        if bucket.tokens >= 1:
+            bucket.tokens -= 1
+            return 0.0
+        return (1 - bucket.tokens) / per_second
+
+    async def check(self, project_id: str, rate_per_minute: int) -> float:
+        return self.acquire(project_id, rate_per_minute)
+
+
+class SharedRateLimiter:
+    """The RateLimits of a fleet: counted in Redis, in `local` while Redis does not answer."""
+
+    def __init__(self, fleet: Fleet, local: RateLimiter) -> None:
+        self._fleet = fleet
+        self._script = fleet.redis.register_script(_GCRA)
+        self._local = local
+        self._local_until = 0.0  # while Redis is failing, the moment it is tried again
+        self._failing = False
+
+    async def check(self, project_id: str, rate_per_minute: int) -> float:
+        """0 when the request may go now, else the seconds to wait before one may."""
+        if self._local_until and time.monotonic() < self._local_until:
+            return self._local.acquire(project_id, rate_per_minute)
+        interval = 60_000_000 // rate_per_minute
+        try:
+            wait_us = await self._script(keys=[self._fleet.key("rate", project_id)], args=[interval, 60_000_000])
+        except Exception as error:  # whatever the client raises: the request must not fail for it
+            self._local_until = time.monotonic() + RETRY_SECONDS
+            if not self._failing:
+                self._failing = True
+                logger.warning(
+                    "Redis does not answer (%s): rate limits are counted per process until it does",
+                    type(error).__name__,
+                )
+            return self._local.acquire(project_id, rate_per_minute)
+        if self._failing:
+            self._failing, self._local_until = False, 0.0
+            logger.warning("Redis answers again: rate limits are shared again")
+        return int(wait_us) / 1_000_000
+
+
+def retry_after_header(wait_seconds: float) -> str:
+    return str(max(1, math.ceil(wait_seconds)))
