@@ -566,15 +566,24 @@ class Relayed:
         return await self.http.post("/proxy/openai/chat/completions", json=CHAT, headers=bearer(project.token))
 
 
+# The database's bounds, shortened so that a hang is over within a test's patience (production: 5 s and 15 s).
+SHORT_BOUNDS = {"timeout": 1.5, "command_timeout": 2.0}
+
+
+@pytest.fixture
+def stale_seconds() -> float:
+    return 30.0
+
+
 @pytest.fixture
 async def relayed(
-    settings: Settings, database: tuple[str, dict[str, Any]], upstream: Upstream
+    settings: Settings, database: tuple[str, dict[str, Any]], upstream: Upstream, stale_seconds: float
 ) -> AsyncIterator[Relayed]:
     url = make_url(database[0])
     async with run_fault_relay(url.host or "127.0.0.1", url.port or 5432) as relay:
         through = url.set(host="127.0.0.1", port=relay.port).render_as_string(hide_password=False)
-        settings = settings.model_copy(update={"database_url": through})
-        ctx = await open_context(settings, connect_args=database[1])
+        settings = settings.model_copy(update={"database_url": through, "stale_seconds": stale_seconds})
+        ctx = await open_context(settings, connect_args={**database[1], **SHORT_BOUNDS})
         try:
             warm, cold = await add_project(ctx, upstream), await add_project(ctx, upstream)
             admin_token = await admins.create_admin_token(ctx, name="ft12", actor="t")
@@ -599,7 +608,7 @@ POSTGRES_BEHIND_A_RELAY = pytest.mark.parametrize("backend", ["postgresql"], ind
 async def test_ft12_while_the_database_refuses_unknown_tokens_and_writes_get_503_and_service_resumes(
     relayed: Relayed,
 ) -> None:
-    """A cached token goes on being served (for how long is not bounded yet: CREDGATE_STALE_SECONDS is to come)."""
+    """A cached token goes on being served (for CREDGATE_STALE_SECONDS, 30 here)."""
     relayed.relay.refuse()
     stale = await relayed.chat(relayed.warm)
     started = time.monotonic()
@@ -621,6 +630,63 @@ async def test_ft12_while_the_database_refuses_unknown_tokens_and_writes_get_503
         await asyncio.sleep(0.1)
     listed = await relayed.http.get("/api/v1/projects", headers=bearer(relayed.admin_token))
     assert sorted(item["id"] for item in listed.json()["items"]) == sorted([relayed.warm.id, relayed.cold.id])
+
+
+@POSTGRES_BEHIND_A_RELAY
+@pytest.mark.parametrize("stale_seconds", [1.0])
+async def test_ft12_what_was_cached_is_served_for_the_stale_seconds_then_503_until_the_database_is_back(
+    relayed: Relayed,
+) -> None:
+    relayed.relay.refuse()
+    down = time.monotonic()
+    assert (await relayed.chat(relayed.warm)).status_code == 200
+    deadline = down + 1 + 0.5 * 2 + 2  # the bound, a poll interval either side, and a loaded machine's slack
+    while (stale := await relayed.chat(relayed.warm)).status_code == 200:
+        assert time.monotonic() < deadline, "still served from memory long after CREDGATE_STALE_SECONDS"
+        await asyncio.sleep(0.05)
+    assert time.monotonic() - down >= 1  # not before the bound
+    assert_service_error(stale, 503)
+    assert len(relayed.upstream.received) >= 2
+
+    relayed.relay.restore()
+    deadline = time.monotonic() + 5
+    while (await relayed.chat(relayed.warm)).status_code != 200:
+        assert time.monotonic() < deadline, "not serving again within 5 s of the database's return"
+        await asyncio.sleep(0.1)
+
+
+@POSTGRES_BEHIND_A_RELAY
+@pytest.mark.parametrize("stale_seconds", [0.0])
+async def test_ft12_with_no_stale_seconds_nothing_is_served_once_the_database_is_found_not_answering(
+    relayed: Relayed,
+) -> None:
+    relayed.relay.refuse()
+    before = len(relayed.upstream.received)
+    await asyncio.sleep(0.5 * 2 + 0.5)  # a poll has found it
+    assert_service_error(await relayed.chat(relayed.warm), 503)
+    assert len(relayed.upstream.received) == before
+
+
+@POSTGRES_BEHIND_A_RELAY
+async def test_ft12_while_the_database_hangs_admin_reads_and_writes_get_503_in_bounded_time_and_nothing_is_half_done(
+    relayed: Relayed,
+) -> None:
+    relayed.relay.hang()
+    admin = bearer(relayed.admin_token)
+    (write, write_took), (read, read_took) = await asyncio.gather(
+        within(20, relayed.http.post("/api/v1/projects", json={"name": "in-the-hang"}, headers=admin), "a write"),
+        within(20, relayed.http.get("/api/v1/projects", headers=admin), "a read"),
+    )
+    assert_service_error(write, 503)
+    assert_service_error(read, 503)
+    # Bounded by the command timeout (2 s here) then a new connection's (1.5 s), plus a loaded machine's slack.
+    assert write_took < 8 and read_took < 8
+    relayed.relay.restore()
+    deadline = time.monotonic() + 10
+    while (listed := await relayed.http.get("/api/v1/projects", headers=admin)).status_code != 200:
+        assert time.monotonic() < deadline, "admin API not answering within 10 s of the database's return"
+        await asyncio.sleep(0.1)
+    assert "in-the-hang" not in [item["name"] for item in listed.json()["items"]]  # a 503 changed nothing
 
 
 async def within(seconds: float, call: Any, what: str) -> tuple[httpx.Response, float]:

@@ -1,0 +1,116 @@
+"""Change notices through a real Redis: every process hears a change at once, and none fails for Redis."""
+
+import asyncio
+import contextlib
+import logging
+import statistics
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+
+from credgate.errors import StartupError
+from credgate.fleet import Fleet, open_fleet
+from credgate.fleet.fleet import RETRY_SECONDS
+from tests.redis_server import private_redis, shared_redis_url, unique_namespace
+
+
+class Heard:
+    """A follower's notices, with the time each arrived."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+        self.event = asyncio.Event()
+
+    def __call__(self) -> None:
+        self.times.append(time.perf_counter())
+        self.event.set()
+
+    async def next(self, seconds: float) -> float:
+        await asyncio.wait_for(self.event.wait(), seconds)
+        self.event.clear()
+        return self.times[-1]
+
+
+@contextlib.asynccontextmanager
+async def following(fleet: Fleet, on_change: Callable[[], None]) -> AsyncIterator[None]:
+    task = asyncio.create_task(fleet.follow_changes(on_change))
+    try:
+        yield
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_every_follower_hears_a_change_within_100_ms() -> None:
+    url, namespace = shared_redis_url(), unique_namespace()
+    publisher, *followers = [open_fleet(url, namespace=namespace) for _ in range(4)]
+    heard = [Heard() for _ in followers]
+    try:
+        async with contextlib.AsyncExitStack() as stack:
+            for fleet, ears in zip(followers, heard, strict=True):
+                await stack.enter_async_context(following(fleet, ears))
+            for ears in heard:
+                await ears.next(5)  # subscribed (a subscription counts as a change: notices may have been missed)
+            delays = []
+            for _ in range(30):
+                sent = time.perf_counter()
+                await publisher.publish_change()
+                delays += [await ears.next(1) - sent for ears in heard]
+        assert max(delays) < 0.1, f"p50 {statistics.median(delays) * 1000:.1f} ms, max {max(delays) * 1000:.1f} ms"
+    finally:
+        for fleet in [publisher, *followers]:
+            await fleet.close()
+
+
+async def test_gateways_sharing_a_redis_hear_only_their_own_changes() -> None:
+    url = shared_redis_url()
+    mine, theirs = open_fleet(url, namespace=unique_namespace()), open_fleet(url, namespace=unique_namespace())
+    heard = Heard()
+    try:
+        async with following(mine, heard):
+            await heard.next(5)
+            await theirs.publish_change()
+            with pytest.raises(TimeoutError):
+                await heard.next(0.3)
+    finally:
+        await mine.close()
+        await theirs.close()
+
+
+async def test_a_follower_survives_redis_going_away_and_counts_its_return_as_a_change(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="credgate.fleet")
+    with private_redis(tmp_path) as redis:
+        namespace = unique_namespace()
+        follower, publisher = open_fleet(redis.url, namespace=namespace), open_fleet(redis.url, namespace=namespace)
+        heard = Heard()
+        try:
+            async with following(follower, heard):
+                await heard.next(5)
+                redis.stop()
+                await publisher.publish_change()  # never raises: polling the database carries the change
+                await publisher.publish_change()
+                redis.start()
+                await heard.next(RETRY_SECONDS + 5)  # resubscribed: whatever was missed counts as changed
+                sent = time.perf_counter()
+                await publisher.publish_change()
+                assert await heard.next(1) - sent < 0.1
+        finally:
+            await follower.close()
+            await publisher.close()
+    messages = [record.getMessage() for record in caplog.records]
+    assert (
+        messages.count("could not publish a change through Redis (ConnectionError): other instances find it by polling")
+        == 1
+    )
+    assert any(message.startswith("lost the change notices from Redis") for message in messages)
+    assert "Redis answers again: change notices resumed" in messages
+
+
+def test_a_malformed_redis_url_is_refused_at_start_without_quoting_it() -> None:
+    with pytest.raises(StartupError) as refused:
+        open_fleet("http://user:hunter2-secret@example.com", namespace="n")
+    assert "hunter2" not in str(refused.value)

@@ -1,0 +1,110 @@
+"""Rate limits counted once across processes through a real Redis, and counted per process while it is away."""
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from credgate.fleet import Fleet, RateLimiter, SharedRateLimiter, open_fleet
+from credgate.fleet.fleet import RETRY_SECONDS
+from tests.redis_server import PrivateRedis, private_redis, shared_redis_url, unique_namespace
+
+
+@pytest.fixture
+async def fleets() -> AsyncIterator[list[Fleet]]:
+    """Three processes' connections to the machine's Redis, sharing one fresh namespace."""
+    url, namespace = shared_redis_url(), unique_namespace()
+    opened = [open_fleet(url, namespace=namespace) for _ in range(3)]
+    yield opened
+    keys = [key async for key in opened[0].redis.scan_iter(match=f"{namespace}:*")]
+    if keys:
+        await opened[0].redis.delete(*keys)
+    for fleet in opened:
+        await fleet.close()
+
+
+@pytest.fixture
+def redis(tmp_path: Path) -> Iterator[PrivateRedis]:
+    with private_redis(tmp_path) as server:
+        yield server
+
+
+def limiters(fleets: list[Fleet]) -> list[SharedRateLimiter]:
+    return [SharedRateLimiter(fleet, RateLimiter()) for fleet in fleets]
+
+
+async def test_a_burst_admits_exactly_the_limit_and_then_asks_to_wait_one_interval(fleets: list[Fleet]) -> None:
+    limiter = limiters(fleets)[0]
+    waits = [await limiter.check("p1", 30) for _ in range(31)]
+    assert waits[:30] == [0.0] * 30
+    assert 1.9 < waits[30] <= 2.0  # a request every 60/30 s
+
+
+async def test_three_processes_share_one_count_even_when_they_ask_at_once(fleets: list[Fleet]) -> None:
+    shared = limiters(fleets)
+    waits = await asyncio.gather(*(shared[turn % 3].check("p1", 40) for turn in range(120)))
+    assert sum(1 for wait in waits if wait == 0) == 40
+    # Another project, and the same project of another gateway (namespace), count apart.
+    assert await shared[1].check("p2", 40) == 0
+    other = open_fleet(shared_redis_url(), namespace=unique_namespace())
+    try:
+        assert await SharedRateLimiter(other, RateLimiter()).check("p1", 40) == 0
+    finally:
+        await other.close()
+
+
+async def test_the_shared_count_refills_like_the_local_bucket(fleets: list[Fleet]) -> None:
+    limiter = limiters(fleets)[0]
+    for _ in range(120):
+        assert await limiter.check("p1", 120) == 0  # a request every 0.5 s, a burst of a minute's worth
+    assert await limiter.check("p1", 120) > 0
+    await asyncio.sleep(0.6)
+    assert await limiter.check("p1", 120) == 0  # 0.6 s refilled one request, not two
+    assert await limiter.check("p1", 120) > 0
+
+
+async def test_without_redis_requests_are_counted_per_process_logged_once_and_shared_again_when_it_is_back(
+    redis: PrivateRedis, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="credgate.fleet")
+    fleet = open_fleet(redis.url, namespace=unique_namespace())
+    limiter = SharedRateLimiter(fleet, RateLimiter())
+    try:
+        assert await limiter.check("p1", 5) == 0
+        redis.stop()
+        # Never an exception, never a wait for Redis: the local bucket (full, as it has seen nothing) decides.
+        waits = [await limiter.check("p1", 5) for _ in range(6)]
+        assert waits[:5] == [0.0] * 5 and waits[5] > 0
+        assert [r.getMessage() for r in caplog.records].count(
+            "Redis does not answer (ConnectionError): rate limits are counted per process until it does"
+        ) == 1
+
+        redis.start()  # empty: the shared count starts again
+        await asyncio.sleep(RETRY_SECONDS + 0.1)
+        waits = [await limiter.check("p1", 5) for _ in range(6)]
+        assert waits[:5] == [0.0] * 5 and waits[5] > 0
+        assert await fleet.redis.exists(fleet.key("rate", "p1")) == 1
+        assert "Redis answers again: rate limits are shared again" in caplog.text
+    finally:
+        await fleet.close()
+
+
+async def test_a_redis_that_accepts_but_never_answers_costs_a_request_at_most_the_answer_timeout(
+    tmp_path: Path,
+) -> None:
+    async def never_answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(-1)
+
+    server = await asyncio.start_server(never_answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    fleet = open_fleet(f"redis://127.0.0.1:{port}/0", namespace=unique_namespace())
+    try:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        assert await SharedRateLimiter(fleet, RateLimiter()).check("p1", 5) == 0
+        assert loop.time() - started < 1
+    finally:
+        await fleet.close()
+        server.close()

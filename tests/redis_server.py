@@ -1,0 +1,86 @@
+"""Redis for the tests: the machine's server (CREDGATE_TEST_REDIS_URL, which the README's test command sets when
+one answers), or a private `redis-server` of the test's own that it may stop and start again."""
+
+import asyncio
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+REDIS_URL = os.environ.get("CREDGATE_TEST_REDIS_URL")
+REQUIRE_REDIS = os.environ.get("CREDGATE_TEST_REQUIRE_REDIS") == "1"
+
+
+def shared_redis_url() -> str:
+    """The machine's Redis; the test skips (or, in CI, fails) without one."""
+    if not REDIS_URL:
+        if REQUIRE_REDIS:
+            pytest.fail("CREDGATE_TEST_REQUIRE_REDIS=1 but CREDGATE_TEST_REDIS_URL is not set")
+        pytest.skip("Redis tests need CREDGATE_TEST_REDIS_URL (the README's test command sets it)")
+    return REDIS_URL
+
+
+def unique_namespace() -> str:
+    return f"credgate-test-{secrets.token_hex(6)}"
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+class PrivateRedis:
+    """A redis-server of one test's own, on a free port, keeping nothing on disk."""
+
+    def __init__(self, directory: Path) -> None:
+        self.port = _free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self._directory = directory
+        self._process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        command = [
+            str(shutil.which("redis-server")),
+            *("--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"),
+            *("--dir", str(self._directory)),
+        ]
+        self._process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with socket.socket() as probe:
+                if probe.connect_ex(("127.0.0.1", self.port)) == 0:
+                    return
+            time.sleep(0.02)
+        raise AssertionError("the private redis-server did not start")
+
+    def stop(self) -> None:
+        if self._process is not None:
+            self._process.kill()
+            self._process.wait(10)
+            self._process = None
+
+    async def restart_after(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+        self.start()
+
+
+@contextmanager
+def private_redis(directory: Path) -> Iterator[PrivateRedis]:
+    if shutil.which("redis-server") is None:
+        if REQUIRE_REDIS:
+            pytest.fail("redis-server is not installed (Debian's redis-server package)")
+        pytest.skip("this test starts a private redis-server: install Debian's redis-server")
+    server = PrivateRedis(directory)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
