@@ -47,11 +47,13 @@ async def _sign_in(request: Request, _error: Exception) -> Response:
 async def _service_error(request: Request, error: Exception) -> Response:
     if not isinstance(error, ServiceError):
         raise error
-    return render(request, "error.html", {"status": error.status, "message": error.message}, status=error.status)
+    return await render(request, "error.html", {"status": error.status, "message": error.message}, status=error.status)
 
 
 async def _http_error(request: Request, error: Exception) -> Response:
     if not isinstance(error, HTTPException):
         raise error
     message = "page not found" if error.status_code == 404 else "that did not work"
-    return render(request, "error.html", {"status": error.status_code, "message": message}, status=error.status_code)
+    return await render(
+        request, "error.html", {"status": error.status_code, "message": message}, status=error.status_code
+    )

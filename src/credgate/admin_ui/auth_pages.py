@@ -18,15 +18,15 @@ from credgate.errors import InvalidInput, Unauthorized
 from credgate.services import panel_sessions
 
 
-def _login_form(request: Request, *, error: str = "", username: str = "", status: int = 200) -> Response:
+async def _login_form(request: Request, *, error: str = "", username: str = "", status: int = 200) -> Response:
     token = new_csrf_token()  # double-submit: no session exists yet to hold it
-    response = render(request, "login.html", {"csrf": token, "error": error, "username": username}, status=status)
+    response = await render(request, "login.html", {"csrf": token, "error": error, "username": username}, status=status)
     response.set_cookie(LOGIN_CSRF_COOKIE, token, max_age=3600, **cookie_options(request))  # type: ignore[arg-type]
     return response
 
 
 async def login_page(request: Request) -> Response:
-    return _login_form(request)
+    return await _login_form(request)
 
 
 async def login(request: Request) -> Response:
@@ -34,19 +34,19 @@ async def login(request: Request) -> Response:
     form = await request.form()
     posted, expected = field(form, "csrf"), request.cookies.get(LOGIN_CSRF_COOKIE, "")
     if not expected or not hmac.compare_digest(posted.encode(), expected.encode()):
-        return _login_form(request, error="The form expired; please sign in again.", status=403)
+        return await _login_form(request, error="The form expired; please sign in again.", status=403)
     username, password = field(form, "username"), str(form.get("password") or "")
     panel = panel_of(request)
     keys = (f"user:{username.lower()}", f"address:{request.client.host if request.client else '?'}")
     wait = panel.throttle.wait_seconds(*keys)
     if wait > 0:
         message = f"Too many failed sign-ins. Try again in {int(wait) + 1} seconds."
-        return _login_form(request, error=message, username=username, status=429)
+        return await _login_form(request, error=message, username=username, status=429)
     try:
         secret, _ = await panel_sessions.sign_in(panel.ctx, username=username, password=password)
     except Unauthorized:
         panel.throttle.failed(*keys)
-        return _login_form(request, error="Wrong username or password.", username=username, status=401)
+        return await _login_form(request, error="Wrong username or password.", username=username, status=401)
     panel.throttle.succeeded(*keys)
     response = redirect("/admin/projects")
     response.set_cookie(session_cookie_name(request), secret, **cookie_options(request))  # type: ignore[arg-type]
@@ -58,7 +58,6 @@ async def logout(request: Request) -> Response:
     current = await visit(request)
     await form_of(request, current)
     await panel_sessions.sign_out(current.ctx, session_id=current.user.session_id)
-    current.panel.memory.forget(current.user.session_id)
     response = redirect("/admin/login")
     response.delete_cookie(session_cookie_name(request), path="/")
     return response
@@ -67,8 +66,10 @@ async def logout(request: Request) -> Response:
 async def setup_page(request: Request) -> Response:
     token = request.query_params.get("token", "")
     if not await panel_sessions.setup_token_valid(panel_of(request).ctx, token=token):
-        return render(request, "error.html", {"status": 404, "message": "This setup link is not valid."}, status=404)
-    return render(request, "setup.html", {"token": token, "errors": {}, "username": ""})
+        return await render(
+            request, "error.html", {"status": 404, "message": "This setup link is not valid."}, status=404
+        )
+    return await render(request, "setup.html", {"token": token, "errors": {}, "username": ""})
 
 
 async def setup(request: Request) -> Response:
@@ -87,11 +88,11 @@ async def setup(request: Request) -> Response:
         except InvalidInput as error:
             errors |= field_error(error)
         except Unauthorized:
-            return render(
+            return await render(
                 request, "error.html", {"status": 404, "message": "This setup link is not valid."}, status=404
             )
     if errors:
-        return render(request, "setup.html", {"token": token, "errors": errors, "username": username}, status=422)
+        return await render(request, "setup.html", {"token": token, "errors": errors, "username": username}, status=422)
     return redirect("/admin/login?created=1")
 
 

@@ -1,4 +1,4 @@
-"""What every panel page shares: the Panel (services, memory, throttle), sign-in checks, forms and rendering."""
+"""What every panel page shares: the Panel (services, sign-in throttle), sign-in checks, forms and rendering."""
 
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -11,12 +11,12 @@ from starlette.responses import RedirectResponse, Response
 from starlette.templating import Jinja2Templates
 
 from credgate import limits
-from credgate.admin_ui.memory import PanelMemory
 from credgate.admin_ui.security import SignInThrottle, check_csrf, check_origin, session_cookie_name
 from credgate.errors import InvalidInput
 from credgate.key_shapes import KEY_SHAPES
 from credgate.services.context import Context
 from credgate.services.panel_sessions import SignedIn, resume_session
+from credgate.services.panel_state import flash_message, take_flash
 
 templates = Jinja2Templates(directory=Path(__file__).parent / "templates")
 templates.env.globals["limits"] = limits  # the pages' maxlength and hints, from the one definition
@@ -30,7 +30,6 @@ class SignInRequired(Exception):
 class Panel:
     def __init__(self, get_context: Callable[[], Context]) -> None:
         self._get_context = get_context
-        self.memory = PanelMemory()
         self.throttle = SignInThrottle()
 
     @property
@@ -52,6 +51,10 @@ class Visit:
     @property
     def actor(self) -> str:
         return f"user:{self.user.username}"
+
+    async def flash(self, message: str, *, secret: str | None = None) -> None:
+        """Show `message` (and the one-time `secret`) on this session's next page, whichever process serves it."""
+        await flash_message(self.ctx, session_id=self.user.session_id, message=message, secret=secret)
 
 
 def panel_of(request: Request) -> Panel:
@@ -87,14 +90,14 @@ def field_error(error: InvalidInput) -> dict[str, str]:
     return {error.field: f"{error.problem[:1].upper()}{error.problem[1:]}."}
 
 
-def render(
+async def render(
     request: Request, page: str, context: dict[str, Any], *, current: Visit | None = None, status: int = 200
 ) -> Response:
     values: dict[str, Any] = {"request": request, "user": None, "csrf": "", "messages": [], **context}
     if current is not None:
-        messages, secret = current.panel.memory.take_flash(current.user.session_id)
-        values |= {"user": current.user, "csrf": current.user.csrf_token, "messages": messages}
-        values.setdefault("secret", secret)
+        flash = await take_flash(current.ctx, session_id=current.user.session_id)
+        values |= {"user": current.user, "csrf": current.user.csrf_token, "messages": flash.messages}
+        values.setdefault("secret", flash.secret)
     return templates.TemplateResponse(request, page, values, status_code=status)
 
 

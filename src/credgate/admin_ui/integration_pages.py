@@ -11,15 +11,15 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from credgate.admin_ui.base import Visit, field, field_error, form_of, redirect, render, visit
-from credgate.admin_ui.memory import PendingSetup
 from credgate.catalog import Template
 from credgate.crypto import Secret
 from credgate.error_responses import validation_message
 from credgate.errors import Conflict, InvalidInput
 from credgate.key_shapes import check_key_shape
 from credgate.limits import StreamIdleTimeoutSeconds, TimeoutSeconds, parse_float
-from credgate.services import integrations, projects
+from credgate.services import integrations, panel_state, projects
 from credgate.services.integrations import IntegrationChanges
+from credgate.services.panel_state import PendingSetup
 from credgate.services.provider_keys import key_hint
 from credgate.specs import METHODS, AuthSpec, Endpoint, HeaderMap, QueryMap, check_base_url, check_provider_name
 
@@ -53,7 +53,7 @@ async def add_api(request: Request) -> Response:
     catalog = _catalog(current)
     provider = request.query_params.get("provider", "")
     if provider not in catalog:
-        return render(request, "add_provider.html", {"project": project, "catalog": catalog}, current=current)
+        return await render(request, "add_provider.html", {"project": project, "catalog": catalog}, current=current)
     context = {
         "project": project,
         "provider": provider,
@@ -62,7 +62,7 @@ async def add_api(request: Request) -> Response:
         "needs_key": provider not in await _existing(current, project.id),
         "errors": {},
     }
-    return render(request, "add_details.html", context, current=current)
+    return await render(request, "add_details.html", context, current=current)
 
 
 async def add_api_submit(request: Request) -> Response:
@@ -109,7 +109,7 @@ async def add_api_submit(request: Request) -> Response:
             "chosen": template_id,
             "base_url": base_url or "",
         }
-        return render(request, "add_details.html", context, current=current, status=422)
+        return await render(request, "add_details.html", context, current=current, status=422)
     pending = PendingSetup(
         project_id=project.id,
         provider=name,
@@ -117,28 +117,28 @@ async def add_api_submit(request: Request) -> Response:
         api_key=Secret(api_key) if api_key else None,
         base_url=base_url if name not in existing else None,
     )
-    current.panel.memory.hold(current.user.session_id, pending)
+    await panel_state.hold_setup(current.ctx, session_id=current.user.session_id, setup=pending)
     return redirect(f"/admin/projects/{project.id}/add/review")
 
 
 async def review(request: Request) -> Response:
     current = await visit(request)
     project_id = request.path_params["project_id"]
-    pending = current.panel.memory.pending(current.user.session_id)
+    pending = await panel_state.find_pending_setup(current.ctx, session_id=current.user.session_id)
     if pending is None or pending.project_id != project_id:
         return redirect(f"/admin/projects/{project_id}/add")
     project = await projects.get_project(current.ctx, project_id=project_id)
     template = current.ctx.templates[pending.template_id]
     hint = key_hint(pending.api_key.reveal(), auth_method=template.auth.method) if pending.api_key else None
     context = {"project": project, "pending": pending, "template": template, "hint": hint}
-    return render(request, "add_review.html", context, current=current)
+    return await render(request, "add_review.html", context, current=current)
 
 
 async def save(request: Request) -> Response:
     current = await visit(request)
     await form_of(request, current)
     project_id = request.path_params["project_id"]
-    pending = current.panel.memory.pending(current.user.session_id)
+    pending = await panel_state.find_pending_setup(current.ctx, session_id=current.user.session_id)
     if pending is None or pending.project_id != project_id:
         return redirect(f"/admin/projects/{project_id}/add")
     integration, created = await integrations.add_template_integration(
@@ -150,9 +150,9 @@ async def save(request: Request) -> Response:
         base_url=pending.base_url,
         actor=current.actor,
     )
-    current.panel.memory.release(current.user.session_id)
+    await panel_state.release_setup(current.ctx, session_id=current.user.session_id)
     verb = "set up" if created else "extended with the template's endpoints; its stored key is kept"
-    current.panel.memory.flash(current.user.session_id, f"{integration.provider} {verb}.")
+    await current.flash(f"{integration.provider} {verb}.")
     return redirect(f"/admin/projects/{project_id}")
 
 
@@ -176,7 +176,7 @@ async def custom(request: Request) -> Response:
     current = await visit(request)
     project = await projects.get_project(current.ctx, project_id=request.path_params["project_id"])
     context = {"project": project, "errors": {}, "values": {"auth_method": "bearer"}}
-    return render(request, "custom.html", context, current=current)
+    return await render(request, "custom.html", context, current=current)
 
 
 async def custom_submit(request: Request) -> Response:
@@ -230,8 +230,8 @@ async def custom_submit(request: Request) -> Response:
             errors["provider"] = "This project has an integration of that name already."
     if errors:
         context = {"project": project, "errors": errors, "values": values}
-        return render(request, "custom.html", context, current=current, status=422)
-    current.panel.memory.flash(current.user.session_id, f"{values['provider']} created. Now allow its endpoints.")
+        return await render(request, "custom.html", context, current=current, status=422)
+    await current.flash(f"{values['provider']} created. Now allow its endpoints.")
     return redirect(f"/admin/projects/{project.id}/integrations/{values['provider']}/endpoints")
 
 
@@ -245,7 +245,7 @@ async def _integration_page(
     project = await projects.get_project(current.ctx, project_id=project_id)
     integration = await integrations.get_integration(current.ctx, project_id=project_id, provider=provider)
     context = {"project": project, "integration": integration, "errors": {}, "methods": ("*", *METHODS)}
-    return render(request, page, context | (extra or {}), current=current, status=status)
+    return await render(request, page, context | (extra or {}), current=current, status=status)
 
 
 async def endpoints(request: Request) -> Response:
@@ -271,7 +271,7 @@ async def endpoints_submit(request: Request) -> Response:
     await integrations.set_endpoints(
         current.ctx, project_id=project_id, provider=provider, endpoints=chosen, actor=current.actor
     )
-    current.panel.memory.flash(current.user.session_id, f"Endpoints of {provider} saved.")
+    await current.flash(f"Endpoints of {provider} saved.")
     return redirect(f"/admin/projects/{project_id}/integrations/{provider}/endpoints")
 
 
@@ -332,7 +332,7 @@ async def settings_submit(request: Request) -> Response:
             errors |= field_error(error)
     if errors:
         return await _integration_page(request, current, "integration.html", {"errors": errors}, status=422)
-    current.panel.memory.flash(current.user.session_id, f"Settings of {provider} saved.")
+    await current.flash(f"Settings of {provider} saved.")
     return redirect(f"/admin/projects/{project_id}/integrations/{provider}")
 
 
@@ -359,20 +359,22 @@ async def key_submit(request: Request) -> Response:
         extra = {"mode": mode, "errors": field_error(error)}
         return await _integration_page(request, current, "key.html", extra, status=422)
     done = "rotated: requests from now on use the new key" if mode == "rotate" else "saved"
-    current.panel.memory.flash(current.user.session_id, f"Key of {provider} {done}.")
+    await current.flash(f"Key of {provider} {done}.")
     return redirect(f"/admin/projects/{project_id}")
 
 
-def _confirm(request: Request, current: Visit, *, title: str, consequence: str, action: str, button: str) -> Response:
+async def _confirm(
+    request: Request, current: Visit, *, title: str, consequence: str, action: str, button: str
+) -> Response:
     back = f"/admin/projects/{request.path_params['project_id']}"
     context = {"title": title, "consequence": consequence, "action": action, "button": button, "back": back}
-    return render(request, "confirm.html", context, current=current)
+    return await render(request, "confirm.html", context, current=current)
 
 
 async def revoke_confirm(request: Request) -> Response:
     current = await visit(request)
     provider = request.path_params["provider"]
-    return _confirm(
+    return await _confirm(
         request,
         current,
         title=f"Revoke the key of {provider}?",
@@ -387,14 +389,14 @@ async def revoke(request: Request) -> Response:
     await form_of(request, current)
     project_id, provider = request.path_params["project_id"], request.path_params["provider"]
     await integrations.revoke_provider_key(current.ctx, project_id=project_id, provider=provider, actor=current.actor)
-    current.panel.memory.flash(current.user.session_id, f"Key of {provider} revoked.")
+    await current.flash(f"Key of {provider} revoked.")
     return redirect(f"/admin/projects/{project_id}")
 
 
 async def delete_confirm(request: Request) -> Response:
     current = await visit(request)
     provider = request.path_params["provider"]
-    return _confirm(
+    return await _confirm(
         request,
         current,
         title=f"Delete the integration {provider}?",
@@ -409,7 +411,7 @@ async def delete(request: Request) -> Response:
     await form_of(request, current)
     project_id, provider = request.path_params["project_id"], request.path_params["provider"]
     await integrations.delete_integration(current.ctx, project_id=project_id, provider=provider, actor=current.actor)
-    current.panel.memory.flash(current.user.session_id, f"Integration {provider} deleted.")
+    await current.flash(f"Integration {provider} deleted.")
     return redirect(f"/admin/projects/{project_id}")
 
 

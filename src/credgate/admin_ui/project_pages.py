@@ -27,7 +27,7 @@ async def list_projects(request: Request) -> Response:
     current = await visit(request)
     found = await projects.list_projects(current.ctx)
     rows = [(project, current_token(project)) for project in found]
-    return render(request, "projects.html", {"rows": rows, "errors": {}}, current=current)
+    return await render(request, "projects.html", {"rows": rows, "errors": {}}, current=current)
 
 
 async def create_project(request: Request) -> Response:
@@ -38,8 +38,8 @@ async def create_project(request: Request) -> Response:
     except InvalidInput as error:
         rows = [(each, current_token(each)) for each in await projects.list_projects(current.ctx)]
         context = {"rows": rows, "errors": field_error(error)}
-        return render(request, "projects.html", context, current=current, status=422)
-    current.panel.memory.flash(current.user.session_id, f"Project {name} created.", secret=secret)
+        return await render(request, "projects.html", context, current=current, status=422)
+    await current.flash(f"Project {name} created.", secret=secret)
     return redirect(f"/admin/projects/{project.id}")
 
 
@@ -49,7 +49,7 @@ async def show_project(request: Request, *, errors: dict[str, str] | None = None
     project = await projects.get_project(current.ctx, project_id=project_id)
     found = await integrations.list_integrations(current.ctx, project_id=project_id)
     context = {"project": project, "token": current_token(project), "integrations": found, "errors": errors or {}}
-    return render(request, "project.html", context, current=current, status=status)
+    return await render(request, "project.html", context, current=current, status=status)
 
 
 async def update_project(request: Request) -> Response:
@@ -62,7 +62,7 @@ async def update_project(request: Request) -> Response:
         await projects.update_project(current.ctx, project_id=project_id, changes=changes, actor=current.actor)
     except InvalidInput as error:
         return await show_project(request, errors=field_error(error), status=422)
-    current.panel.memory.flash(current.user.session_id, "Project settings saved.")
+    await current.flash("Project settings saved.")
     return redirect(f"/admin/projects/{project_id}")
 
 
@@ -83,7 +83,7 @@ async def rotate_token(request: Request) -> Response:
     except InvalidInput as error:
         return await show_project(request, errors=field_error(error), status=422)
     note = f"the previous token keeps working for {grace} seconds" if grace else "the previous token stopped working"
-    current.panel.memory.flash(current.user.session_id, f"New project token issued; {note}.", secret=secret)
+    await current.flash(f"New project token issued; {note}.", secret=secret)
     return redirect(f"/admin/projects/{project_id}")
 
 
@@ -92,7 +92,7 @@ async def revoke_token(request: Request) -> Response:
     await form_of(request, current)
     project_id = request.path_params["project_id"]
     await projects.revoke_project_tokens(current.ctx, project_id=project_id, actor=current.actor)
-    current.panel.memory.flash(current.user.session_id, "Project token revoked: no client can use it any more.")
+    await current.flash("Project token revoked: no client can use it any more.")
     return redirect(f"/admin/projects/{project_id}")
 
 
@@ -106,14 +106,14 @@ async def confirm_delete(request: Request) -> Response:
         "button": "Delete project",
         "back": f"/admin/projects/{project.id}",
     }
-    return render(request, "confirm.html", context, current=current)
+    return await render(request, "confirm.html", context, current=current)
 
 
 async def delete_project(request: Request) -> Response:
     current = await visit(request)
     await form_of(request, current)
     await projects.delete_project(current.ctx, project_id=request.path_params["project_id"], actor=current.actor)
-    current.panel.memory.flash(current.user.session_id, "Project deleted.")
+    await current.flash("Project deleted.")
     return redirect("/admin/projects")
 
 
@@ -141,13 +141,13 @@ async def show_usage(request: Request) -> Response:
         "chart_width": WIDTH,
         "chart_height": HEIGHT,
     }
-    return render(request, "usage.html", context, current=current)
+    return await render(request, "usage.html", context, current=current)
 
 
 async def show_audit(request: Request) -> Response:
     current = await visit(request)
     events = await audit.list_audit_events(current.ctx, limit=200)
-    return render(request, "audit.html", {"events": events}, current=current)
+    return await render(request, "audit.html", {"events": events}, current=current)
 
 
 routes = [

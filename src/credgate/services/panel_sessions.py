@@ -55,6 +55,8 @@ async def sign_in(ctx: Context, *, username: str, password: str) -> tuple[str, S
         id=hash_token(secret), user_id=user.id, csrf_token=secrets.token_urlsafe(32), created_at=now, last_seen_at=now
     )
     async with ctx.change(actor=f"user:{user.username}", action="panel.sign_in") as repo:
+        # Sessions that timed out and were never resumed go here, with their panel state (its secrets included).
+        await repo.delete_admin_sessions(last_seen_before=now - IDLE_TIMEOUT, created_before=now - ABSOLUTE_TIMEOUT)
         repo.add(session)
     return secret, SignedIn(session_id=session.id, username=user.username, csrf_token=session.csrf_token)
 
@@ -75,6 +77,7 @@ async def resume_session(ctx: Context, *, secret: str) -> SignedIn | None:
 
 
 async def sign_out(ctx: Context, *, session_id: str) -> None:
+    """End the session; its panel state (services/panel_state.py), on the same row, goes with it."""
     async with ctx.database.transaction() as repo:
         session = await repo.get_admin_session(session_id)
         if session is not None:

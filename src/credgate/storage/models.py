@@ -1,4 +1,5 @@
-"""The ORM models. A row is never an API schema: secrets live only as ciphertext in `ProviderKey`."""
+"""The ORM models. A row is never an API schema: secrets live only as ciphertext, in `ProviderKey` and, for a few
+minutes, in the panel state of an `AdminSession`."""
 
 from datetime import UTC, datetime
 from typing import Any, ClassVar
@@ -174,7 +175,12 @@ class RequestRecord(Base):
 
 
 class AdminSession(Base):
-    """A signed-in panel session; `id` is the SHA-256 of the cookie's secret, never the secret itself."""
+    """A signed-in panel session; `id` is the SHA-256 of the cookie's secret, never the secret itself.
+
+    It also carries the panel's state between two requests (services/panel_state.py), so that any process serves
+    the next one, and the state ends with the session: messages to show once, with a one-time secret, and an
+    Add-new-API set-up awaiting its review. Both secrets are sealed under the master key, bound to the session.
+    """
 
     __tablename__ = "admin_sessions"
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
@@ -182,5 +188,10 @@ class AdminSession(Base):
     csrf_token: Mapped[str] = mapped_column(String(64))
     created_at: Mapped[datetime]
     last_seen_at: Mapped[datetime]
+    flash_messages: Mapped[list[Any] | None] = mapped_column(JSON(none_as_null=True))
+    flash_secret: Mapped[bytes | None] = mapped_column(LargeBinary)
+    flash_at: Mapped[datetime | None]
+    pending_setup: Mapped[bytes | None] = mapped_column(LargeBinary)
+    pending_setup_at: Mapped[datetime | None]
 
     user: Mapped[AdminUser] = relationship(lazy="joined")

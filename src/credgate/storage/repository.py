@@ -7,7 +7,7 @@ from typing import Any, cast
 
 from sqlalchemy import Table, case, delete, func, insert, literal, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
-from sqlalchemy.orm import selectinload
+from sqlalchemy.orm import raiseload, selectinload
 
 from credgate.storage.models import (
     AdminSession,
@@ -128,6 +128,34 @@ class Repository:
 
     async def get_admin_session(self, session_id: str) -> AdminSession | None:
         return await self._session.get(AdminSession, session_id)
+
+    async def lock_admin_session(self, session_id: str) -> AdminSession | None:
+        """The session row, locked until the transaction ends, so that a read-and-clear of its panel state is
+        one step (FOR UPDATE on PostgreSQL; SQLite's write transactions are serialised already)."""
+        statement = (
+            select(AdminSession)
+            .where(AdminSession.id == session_id)
+            .options(raiseload(AdminSession.user))
+            .with_for_update()
+        )
+        return (await self._session.scalars(statement)).one_or_none()
+
+    async def lock_admin_sessions_with_sealed_state(self) -> Sequence[AdminSession]:
+        statement = (
+            select(AdminSession)
+            .where(AdminSession.flash_secret.is_not(None) | AdminSession.pending_setup.is_not(None))
+            .options(raiseload(AdminSession.user))
+            .with_for_update()
+        )
+        return (await self._session.scalars(statement)).all()
+
+    async def delete_admin_sessions(self, *, last_seen_before: datetime, created_before: datetime) -> None:
+        """Delete the sessions idle since `last_seen_before` or begun before `created_before`, state included."""
+        await self._session.execute(
+            delete(AdminSession).where(
+                (AdminSession.last_seen_at < last_seen_before) | (AdminSession.created_at < created_before)
+            )
+        )
 
     async def delete_meta(self, name: str, *, only_if: str | None = None) -> bool:
         """Delete a named value (only if it equals `only_if`, when given); True when a row was deleted."""
