@@ -15,6 +15,9 @@ from credgate.fleet import Fleet, open_fleet
 from credgate.fleet.fleet import RETRY_SECONDS
 from tests.redis_server import private_redis, shared_redis_url, unique_namespace
 
+# The measurements, for `pytest tests/fleet -o log_cli=true --log-cli-level=INFO`.
+logger = logging.getLogger(__name__)
+
 
 class Heard:
     """A follower's notices, with the time each arrived."""
@@ -58,7 +61,9 @@ async def test_every_follower_hears_a_change_within_100_ms() -> None:
                 sent = time.perf_counter()
                 await publisher.publish_change()
                 delays += [await ears.next(1) - sent for ears in heard]
-        assert max(delays) < 0.1, f"p50 {statistics.median(delays) * 1000:.1f} ms, max {max(delays) * 1000:.1f} ms"
+        p50, p99 = statistics.median(delays), statistics.quantiles(delays, n=100)[98]
+        logger.info("change notice delay over %d receipts: p50 %.2f ms, p99 %.2f ms", len(delays), p50 * 1e3, p99 * 1e3)
+        assert max(delays) < 0.1, f"p50 {p50 * 1000:.1f} ms, max {max(delays) * 1000:.1f} ms"
     finally:
         for fleet in [publisher, *followers]:
             await fleet.close()

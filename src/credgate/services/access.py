@@ -68,13 +68,13 @@ async def resolve_access(ctx: Context, *, token: str, provider: str) -> Access |
     token_hash = hash_token(token)
     key = (token_hash, provider)
     cache = ctx.access
-    cached = cache.entries.get(key)
-    if cached is None:
+    if cache.stale_after is not None and time.monotonic() > cache.stale_after:
+        # Too stale to serve: asked of the database again, which answers (it is back) or fails (503).
+        cached = await _shared_lookup(ctx, token_hash=token_hash, provider=provider)
+    elif (cached := cache.entries.get(key)) is None:
         if token_hash in cache.unknown:
             return None
         cached = await _shared_lookup(ctx, token_hash=token_hash, provider=provider)
-    if cache.stale_after is not None and time.monotonic() > cache.stale_after:
-        raise StorageUnavailable("the database has not answered for longer than CREDGATE_STALE_SECONDS")
     if not isinstance(cached, Access):
         return None
     if cached.token_expires_at is not None and cached.token_expires_at <= ctx.clock():
