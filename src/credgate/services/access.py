@@ -68,6 +68,7 @@ async def resolve_access(ctx: Context, *, token: str, provider: str) -> Access |
     token_hash = hash_token(token)
     key = (token_hash, provider)
     cache = ctx.access
+    cached: object
     if cache.stale_after is not None and time.monotonic() > cache.stale_after:
         # Too stale to serve: asked of the database again, which answers (it is back) or fails (503).
         cached = await _shared_lookup(ctx, token_hash=token_hash, provider=provider)
