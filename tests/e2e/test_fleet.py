@@ -8,6 +8,7 @@ second, so anything faster than that came through Redis.
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import os
 import re
@@ -32,6 +33,8 @@ from credgate.config import Settings
 from credgate.crypto import encode_master_key, new_master_key
 from credgate.services import admins, projects
 from credgate.services.bootstrap import open_context
+from tests.admin_ui.test_pages import shown_token
+from tests.admin_ui.test_security import PASSWORD, csrf_of
 from tests.conftest import POSTGRES_URL, REQUIRE_POSTGRES
 from tests.e2e.conftest import CREDGATE, Project, add_custom, free_port
 from tests.redis_server import REQUIRE_REDIS, PrivateRedis
@@ -88,7 +91,10 @@ class ThreadedRelay:
                 self._ready.set()
                 await self._stop.wait()
 
-        self._loop.run_until_complete(serve())
+        try:
+            self._loop.run_until_complete(serve())
+        finally:
+            self._loop.close()
 
     @property
     def port(self) -> int:
@@ -470,3 +476,56 @@ async def test_an_instance_stopped_mid_stream_finishes_the_stream_and_a_rolling_
     assert statuses.count(200) == len(statuses), {status: statuses.count(status) for status in set(statuses)}
     for body in streams:
         assert body.count(b"data: ") == 10, body  # every event, the stream completed while its instance drained
+
+
+async def test_the_panels_add_new_api_flow_works_with_every_step_on_another_instance(fleet: Fleet) -> None:
+    key = "sk-test-fleet-panel-key-0000wxyz"
+    SWEEP.register(key)
+    username = f"admin-{secrets.token_hex(3)}"
+    ctx = await open_context(fleet.settings)
+    try:
+        await admins.create_admin_user(ctx, username=username, password=PASSWORD, actor="t")
+    finally:
+        await ctx.close()
+    steps: list[int] = []
+
+    async def step(response: httpx.Response) -> httpx.Response:
+        request_id = response.headers["x-credgate-request-id"]
+        for _ in range(100):
+            found = [n for n, i in enumerate(fleet.instances) if request_id in i.log.read_text(errors="replace")]
+            if found:
+                steps.append(found[0])
+                return response
+            await asyncio.sleep(0.02)
+        raise AssertionError("no instance logged the request")
+
+    limits = httpx.Limits(max_keepalive_connections=0)
+    async with httpx.AsyncClient(base_url=fleet.balancer, headers={"connection": "close"}, limits=limits) as browser:
+        form = await step(await browser.get("/admin/login"))
+        signed_in = await step(
+            await browser.post(
+                "/admin/login", data={"csrf": csrf_of(form.text), "username": username, "password": PASSWORD}
+            )
+        )
+        assert signed_in.status_code == 303
+        csrf = csrf_of((await step(await browser.get("/admin/projects"))).text)
+        created = await step(await browser.post("/admin/projects", data={"csrf": csrf, "name": "through nginx"}))
+        project = created.headers["location"]
+        token = shown_token((await step(await browser.get(project))).text)
+        assert token is not None
+        assert token.startswith("cgp_")
+        SWEEP.register(token)
+        choose = await step(await browser.get(f"{project}/add?provider=openai"))
+        assert 'name="api_key"' in choose.text
+        template = {"provider": "openai", "name": "openai", "template": "openai-chat-completions", "api_key": key}
+        entered = await step(await browser.post(f"{project}/add", data={"csrf": csrf, **template}))
+        assert entered.headers["location"] == f"{project}/add/review"
+        review = await step(await browser.get(f"{project}/add/review"))
+        assert "…wxyz" in review.text
+        saved = await step(await browser.post(f"{project}/add/review", data={"csrf": csrf}))
+        assert saved.headers["location"] == project
+        shown = await step(await browser.get(project))
+        assert "openai set up." in shown.text
+        assert key not in shown.text
+    assert all(before != after for before, after in itertools.pairwise(steps)), steps
+    assert set(steps) == set(range(INSTANCES))
