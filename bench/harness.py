@@ -63,10 +63,15 @@ def gateway_env(data_dir: Path, **extra: str) -> dict[str, str]:
     return {name: value for name, value in env.items() if not name.startswith("CREDGATE_TEST_")}
 
 
-def add_bench_project(env: dict[str, str], upstream_port: int, endpoints: list[str]) -> str:
-    """Create the project `bench` with an `openai` integration at the stand-in upstream; returns its token."""
+def add_bench_project(
+    env: dict[str, str], upstream_port: int, endpoints: list[str], *, rate_limit: int | None = None
+) -> str:
+    """Create the project `bench` with an `openai` integration at the stand-in upstream (and `rate_limit` requests
+    a minute, if given); returns its token."""
     project = json.loads(credgate(env, "projects", "create", "bench"))
     project_id, token = project["project"]["id"], project["secret"]
+    if rate_limit is not None:
+        credgate(env, "projects", "update", project_id, "--rate-limit", str(rate_limit))
     credgate(
         env,
         "integrations",

@@ -2,12 +2,14 @@
 
     .venv/bin/python bench/run.py [--duration 10] [--soak 600] [--write]
 
-Four systems answer the same POST chat/completions from the same stand-in upstream: the upstream direct, the bare
+The same POST chat/completions, answered by the same stand-in upstream, through: the upstream direct, the bare
 reference proxy (bench/bare_proxy.py: what any Python proxy must do, and nothing more), credgate with one worker
-and credgate with two. The bare proxy and one-worker credgate are pinned to core 0, the upstream stand-in and wrk to
-core 1; two-worker credgate has both cores, which it shares with them. Each runs at 64 connections and at 1.
-Prints ratios (credgate to bare, two workers to one), the latency added at one connection, the SSE time to first
-byte added, and the peak RSS of every worker. --soak runs load for that many seconds and samples the RSS; --write
+and credgate with two; then what features cost: one worker without its access log, and (when a Redis answers on
+127.0.0.1:6379) one worker serving a rate-limited project whose count is kept in Redis. The bare proxy and the
+one-worker gateways are pinned to core 0, the upstream stand-in and wrk to core 1; two-worker credgate has both
+cores, which it shares with them. Each runs at 64 connections and at 1. Prints ratios (credgate to bare, two
+workers to one), the latency added at one connection, the SSE time to first byte added, and the peak RSS of every
+worker. --soak runs load for that many seconds and samples the RSS; --write
 stores the table in bench/RESULTS.md.
 """
 
@@ -42,6 +44,8 @@ from harness import (
 )
 
 QUIET = "credgate 1 worker, no access log"
+SHARED_LIMIT = "credgate 1 worker, rate limit in Redis"
+REDIS_URL = "redis://127.0.0.1:6379/0"
 LUA = """wrk.method = "POST"
 wrk.body = '{"model":"gpt-4o-mini","messages":[{"role":"user","content":"Say hello."}]}'
 wrk.headers["Content-Type"] = "application/json"
@@ -100,6 +104,7 @@ class System:
     path: str
     sse_path: str
     env: dict[str, str] | None = None
+    script: Path | None = None  # its own wrk script (another project's token); else the common one
     process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -144,6 +149,16 @@ def main() -> None:
         System("credgate 2 workers", [*serve, str(two_port), "--workers", "2"], two_port, chat, sse, env),
         System(QUIET, pinned(GATEWAY_CORE, [*serve, str(quiet_port)]), quiet_port, chat, sse, quiet),
     ]
+    if redis_answers():
+        # What a shared rate limit costs: another project, limited (far above the load), its count in Redis.
+        limited = work / "limited.lua"
+        limited_token = add_bench_project(env, upstream_port, ["POST chat/completions", "GET sse"], rate_limit=10**6)
+        limited.write_text(LUA % limited_token)
+        shared_port, shared = free_port(), {**env, "CREDGATE_REDIS_URL": REDIS_URL}
+        command = pinned(GATEWAY_CORE, [*serve, str(shared_port)])
+        systems.append(System(SHARED_LIMIT, command, shared_port, chat, sse, shared, limited))
+    else:
+        print(f"no Redis answers at {REDIS_URL}: the shared rate limit is not measured", file=sys.stderr)
     upstream = subprocess.Popen(
         pinned(LOAD_CORE, [sys.executable, str(HERE / "upstream.py"), str(upstream_port)]), stdout=subprocess.DEVNULL
     )
@@ -155,13 +170,13 @@ def main() -> None:
                 system.process = subprocess.Popen(system.command, env=system.env, stdout=log, stderr=log)
                 wait_for_port(system.port)
         for system in systems:
-            wrk(system.url, script, 64, 2)  # warm up: connections, caches
+            wrk(system.url, system.script or script, 64, 2)  # warm up: connections, caches
         samples: dict[tuple[str, int], list[dict[str, float]]] = {}
         for _ in range(options.rounds):
             for connections in (64, 1):
                 for system in systems:
                     samples.setdefault((system.name, connections), []).append(
-                        wrk(system.url, script, connections, options.duration)
+                        wrk(system.url, system.script or script, connections, options.duration)
                     )
         rows = {key: median_run(runs) for key, runs in samples.items()}
         first_bytes = {
@@ -183,6 +198,15 @@ def main() -> None:
             process.terminate()
             process.wait(timeout=40)
         shutil.rmtree(work, ignore_errors=True)
+
+
+def redis_answers() -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", 6379), timeout=1) as connection:
+            connection.sendall(b"PING\r\n")
+            return connection.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
 
 
 def median_run(runs: list[dict[str, float]]) -> dict[str, float]:
@@ -246,6 +270,12 @@ def render(
     ]
     log_cost = 1 - rps(one) / rps(QUIET)
     lines.append(f"- the access log costs {log_cost:.0%} of one worker's throughput at 64 connections")
+    if (SHARED_LIMIT, 64) in rows:
+        limit_cost = 1 - rps(SHARED_LIMIT) / rps(one)
+        lines.append(
+            f"- a rate limit counted in Redis (one script call a request) costs {limit_cost:.0%} of one worker's "
+            f"throughput at 64 connections and adds {p50(SHARED_LIMIT) - p50(one):.2f} ms at p50 at 1 connection"
+        )
     if soak:
         lines.append(f"- soak, RSS every 10 s under load (MB): {', '.join(f'{value:.0f}' for value in soak)}")
     return "\n".join(lines) + "\n"
