@@ -17,7 +17,7 @@ from credgate.errors import Unavailable
 from credgate.fleet import RateLimiter, SharedRateLimiter
 from credgate.proxy import ProxyApp, create_http_session
 from credgate.resolved import ResolvedIntegration
-from credgate.services.access import follow_changes
+from credgate.services.access import follow_changes, follow_notices
 from credgate.services.context import Context
 from credgate.services.usage import UsageRecorder
 from credgate.services.verification import Verification
@@ -79,8 +79,11 @@ class Runtime:
             ),
             asyncio.create_task(recorder.run()),
         ]
-        if ctx.fleet is not None:  # notices at once; the polling above stays the safety net
+        # Notices at once, through Redis, else PostgreSQL's LISTEN; the polling above stays the safety net.
+        if ctx.fleet is not None:
             tasks.append(asyncio.create_task(ctx.fleet.follow_changes(ctx.access.invalidate)))
+        elif ctx.database.can_notify:
+            tasks.append(asyncio.create_task(follow_notices(ctx)))
         try:
             yield
         finally:

@@ -500,7 +500,9 @@ async def test_the_panels_add_new_api_flow_works_with_every_step_on_another_inst
         raise AssertionError("no instance logged the request")
 
     limits = httpx.Limits(max_keepalive_connections=0)
-    async with httpx.AsyncClient(base_url=fleet.balancer, headers={"connection": "close"}, limits=limits) as browser:
+    # As a browser posts its forms: with an Origin, which the panel checks against the Host nginx passes on.
+    browsing = {"connection": "close", "origin": fleet.balancer}
+    async with httpx.AsyncClient(base_url=fleet.balancer, headers=browsing, limits=limits) as browser:
         form = await step(await browser.get("/admin/login"))
         signed_in = await step(
             await browser.post(

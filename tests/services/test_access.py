@@ -11,7 +11,7 @@ from sqlalchemy import event
 from credgate.config import Settings
 from credgate.crypto import Secret
 from credgate.services import integrations, projects
-from credgate.services.access import Access, follow_changes, resolve_access
+from credgate.services.access import Access, follow_changes, follow_notices, resolve_access
 from credgate.services.context import Context
 from credgate.services.integrations import IntegrationChanges
 from credgate.specs import BearerAuth, Endpoint
@@ -240,3 +240,22 @@ async def test_a_change_made_before_the_follower_starts_is_seen_within_a_second(
     async with following(ctx, settings):
         expected = (NEW_KEY, True, BASE_URL, 1, None)
         assert await look_within(ctx, token, expected, seconds=1.0) == expected
+
+
+@pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
+@pytest.mark.parametrize(("change", "expected"), CHANGES)
+async def test_on_postgresql_without_redis_a_change_by_another_instance_is_heard_within_100_ms(
+    ctx: Context, settings: Settings, database: DatabaseFixture, change: Change, expected: object
+) -> None:
+    """LISTEN/NOTIFY: the notice is sent on commit; no polling runs here, so only it can clear the cache."""
+    project_id, token = await new_project(ctx)
+    listening = asyncio.create_task(follow_notices(ctx))
+    try:
+        async with opened(settings, database) as other:
+            await asyncio.sleep(0.2)  # listening
+            assert await look(ctx, token) == BEFORE
+            await change(other, project_id)
+            assert await look_within(ctx, token, expected, seconds=0.1) == expected
+    finally:
+        listening.cancel()
+        await asyncio.gather(listening, return_exceptions=True)

@@ -16,7 +16,7 @@ from pydantic import TypeAdapter
 from credgate.crypto import hash_token
 from credgate.netguard import PrivateNetworks
 from credgate.resolved import ResolvedIntegration
-from credgate.services.context import CHANGE_MARKER, Context
+from credgate.services.context import CHANGE_MARKER, CHANGES_CHANNEL, Context
 from credgate.services.projects import PROJECT_TOKEN_PREFIX
 from credgate.services.provider_keys import open_provider_key
 from credgate.specs import AuthSpec, Endpoint
@@ -167,6 +167,20 @@ async def follow_changes(ctx: Context, *, interval: float, stale_seconds: float)
                 seen = marker
             cache.stale_after = None
         await asyncio.sleep(interval)
+
+
+async def follow_notices(ctx: Context, *, retry_seconds: float = 1.0) -> None:
+    """On PostgreSQL without Redis: clear the cache on every change notice (LISTEN), until cancelled. A lost
+    listening connection is logged once and listened again every `retry_seconds`; polling covers the gap."""
+    failing = False
+    while True:
+        try:
+            await ctx.database.listen(CHANGES_CHANNEL, ctx.access.invalidate)
+        except StorageUnavailable as error:
+            if not failing:
+                logger.warning("lost the database's change notices (%s); changes are found by polling", error)
+            failing = True
+        await asyncio.sleep(retry_seconds)
 
 
 async def _read_marker(ctx: Context) -> str | None:

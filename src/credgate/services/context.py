@@ -16,6 +16,7 @@ from credgate.storage import Database, Repository
 from credgate.storage.models import AuditEvent
 
 CHANGE_MARKER = "change_marker"
+CHANGES_CHANNEL = "credgate_changes"  # PostgreSQL's NOTIFY, where there is no Redis
 _MAX_ID_LENGTH = 32  # the id columns' width
 
 
@@ -91,7 +92,7 @@ class Context:
 
         The audit event and the change marker commit with the change or not at all; this instance's cache is
         cleared after the commit, so requests that start after the response see the change. The other instances
-        hear of it through the fleet's Redis at once, else at their next poll of the marker.
+        hear of it at once through the fleet's Redis or PostgreSQL's NOTIFY, else at their next poll of the marker.
         """
         async with self.database.transaction() as repo:
             yield repo
@@ -99,6 +100,7 @@ class Context:
             who = actor[:MAX_ACTOR_LENGTH]
             repo.add(AuditEvent(at=self.clock(), actor=who, action=action, project_id=project_id, provider=provider))
             await repo.set_meta(CHANGE_MARKER, secrets.token_hex(8))
+            await repo.notify(CHANGES_CHANNEL)
         self.access.invalidate()
         if self.fleet is not None:
             await self.fleet.publish_change()

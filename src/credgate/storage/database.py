@@ -7,9 +7,10 @@ replaced, every transaction fails with StorageUnavailable until a restart, inste
 will read again.
 """
 
+import asyncio
 import logging
 import os
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any, NoReturn
@@ -153,6 +154,25 @@ class Database:
 
     async def dispose(self) -> None:
         await self.engine.dispose()
+
+    @property
+    def can_notify(self) -> bool:
+        return self.engine.dialect.name == "postgresql"
+
+    async def listen(self, channel: str, on_notice: Callable[[], None], *, check_seconds: float = 5.0) -> None:
+        """Call `on_notice` for every notice on `channel` (PostgreSQL's LISTEN) on a connection of its own, until
+        cancelled or the connection fails (StorageUnavailable); checked every `check_seconds`, since a listening
+        connection that silently died would hear nothing."""
+        with _unavailable_on_failure():
+            async with self.engine.connect() as connection:
+                # The driver's own connection: notices wait while a transaction is open, and SQLAlchemy would
+                # open one for any statement.
+                driver: Any = (await connection.get_raw_connection()).driver_connection
+                await driver.add_listener(channel, lambda *_: on_notice())
+                on_notice()  # listening from now: whatever came before may not have been heard
+                while True:
+                    await asyncio.sleep(check_seconds)
+                    await driver.execute("SELECT 1")
 
     # Guards, run by the engine's events.
 

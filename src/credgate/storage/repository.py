@@ -70,6 +70,12 @@ class Repository:
     async def set_meta(self, name: str, value: str) -> None:
         await self._session.merge(Meta(name=name, value=value))
 
+    async def notify(self, channel: str) -> None:
+        """On PostgreSQL, a notice on `channel` to every listening connection, sent when (and only if) this
+        transaction commits; nothing elsewhere."""
+        if self._session.get_bind().dialect.name == "postgresql":
+            await self._session.execute(select(func.pg_notify(channel, "")))
+
     # projects and their tokens
 
     async def get_project(self, project_id: str) -> Project | None:
