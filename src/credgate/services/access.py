@@ -16,7 +16,7 @@ from pydantic import TypeAdapter
 from credgate.crypto import hash_token
 from credgate.netguard import PrivateNetworks
 from credgate.resolved import ResolvedIntegration
-from credgate.services.context import CHANGE_MARKER, CHANGES_CHANNEL, Context
+from credgate.services.context import CHANGE_MARKER, Context, changes_channel
 from credgate.services.projects import PROJECT_TOKEN_PREFIX
 from credgate.services.provider_keys import open_provider_key
 from credgate.specs import AuthSpec, Endpoint
@@ -175,7 +175,7 @@ async def follow_notices(ctx: Context, *, retry_seconds: float = 1.0) -> None:
     failing = False
     while True:
         try:
-            await ctx.database.listen(CHANGES_CHANNEL, ctx.access.invalidate)
+            await ctx.database.listen(changes_channel(ctx), ctx.access.invalidate)
         except StorageUnavailable as error:
             if not failing:
                 logger.warning("lost the database's change notices (%s); changes are found by polling", error)

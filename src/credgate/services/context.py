@@ -16,7 +16,6 @@ from credgate.storage import Database, Repository
 from credgate.storage.models import AuditEvent
 
 CHANGE_MARKER = "change_marker"
-CHANGES_CHANNEL = "credgate_changes"  # PostgreSQL's NOTIFY, where there is no Redis
 _MAX_ID_LENGTH = 32  # the id columns' width
 
 
@@ -100,7 +99,7 @@ class Context:
             who = actor[:MAX_ACTOR_LENGTH]
             repo.add(AuditEvent(at=self.clock(), actor=who, action=action, project_id=project_id, provider=provider))
             await repo.set_meta(CHANGE_MARKER, secrets.token_hex(8))
-            await repo.notify(CHANGES_CHANNEL)
+            await repo.notify(changes_channel(self))
         self.access.invalidate()
         if self.fleet is not None:
             await self.fleet.publish_change()
@@ -109,3 +108,9 @@ class Context:
         await self.database.dispose()
         if self.fleet is not None:
             await self.fleet.close()
+
+
+def changes_channel(ctx: Context) -> str:
+    """The PostgreSQL NOTIFY channel of the gateway's database: gateways on other schemas of one PostgreSQL
+    database (each has its own id) hear only their own changes."""
+    return f"credgate_changes_{ctx.database.database_id or 'new'}"
