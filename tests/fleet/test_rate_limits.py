@@ -96,7 +96,10 @@ async def test_without_redis_requests_are_counted_per_process_logged_once_and_sh
 async def test_a_redis_that_accepts_but_never_answers_costs_a_request_at_most_the_answer_timeout(
     tmp_path: Path,
 ) -> None:
+    accepted: list[asyncio.StreamWriter] = []
+
     async def never_answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.append(writer)
         await reader.read(-1)
 
     server = await asyncio.start_server(never_answer, "127.0.0.1", 0)
@@ -109,4 +112,7 @@ async def test_a_redis_that_accepts_but_never_answers_costs_a_request_at_most_th
         assert loop.time() - started < ANSWER_TIMEOUT_SECONDS + 0.5
     finally:
         await fleet.close()
+        for writer in accepted:
+            writer.close()
         server.close()
+        await server.wait_closed()

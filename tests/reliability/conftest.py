@@ -2,6 +2,8 @@
 SSRF, faults, load), each test named after its catalogue id (`test_bi01_…`). The real-socket fixtures are the
 end-to-end suite's own."""
 
+import pytest
+
 from tests.e2e.conftest import (  # noqa: F401  (fixtures, re-exported for this folder)
     backend,
     gateway,
@@ -9,3 +11,9 @@ from tests.e2e.conftest import (  # noqa: F401  (fixtures, re-exported for this 
     project,
     upstream,
 )
+
+
+@pytest.fixture
+def stale_seconds() -> float:
+    """CREDGATE_STALE_SECONDS of the gateway behind a database relay (`relayed`); a test may parametrize it."""
+    return 30.0

@@ -36,12 +36,11 @@ from tests.admin_ui.test_security import PASSWORD, admin, csrf_of, sign_in  # no
 from tests.e2e.conftest import Project, RunningGateway, add_project
 from tests.e2e.test_proxy_errors import UNAUTHORIZED, assert_service_error, bearer
 from tests.reliability.test_bad_input import exchange, head
-from tests.reliability.test_faults import (  # noqa: F401  (backend, relayed, stale_seconds: fixtures)
+from tests.reliability.test_faults import (  # noqa: F401  (backend, relayed: fixtures)
     POSTGRES_BEHIND_A_RELAY,
     Relayed,
     backend,
     relayed,
-    stale_seconds,
 )
 from tests.secret_sweep import SWEEP, exposed
 from tests.upstream import Upstream, run_raw_upstream

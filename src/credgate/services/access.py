@@ -141,11 +141,16 @@ async def follow_changes(ctx: Context, *, interval: float, stale_seconds: float)
     while True:
         started = time.monotonic()
         read = asyncio.ensure_future(_read_marker(ctx))
-        done, _ = await asyncio.wait({read}, timeout=POLL_TIMEOUT_SECONDS)
-        if not done:
-            # Hung: stale from now on, but waited out rather than cancelled (see _shared_lookup), and never doubled.
-            cache.stale_after = confirmed + stale_seconds
-            await asyncio.wait({read})
+        try:
+            done, _ = await asyncio.wait({read}, timeout=POLL_TIMEOUT_SECONDS)
+            if not done:
+                # Hung: stale from now on, but waited out rather than cancelled (see _shared_lookup), never doubled.
+                cache.stale_after = confirmed + stale_seconds
+                await asyncio.wait({read})
+        except asyncio.CancelledError:  # shutting down: the read goes too, its connection back to the pool
+            read.cancel()
+            await asyncio.gather(read, return_exceptions=True)
+            raise
         try:
             marker = read.result()
         except Exception as error:  # the next poll retries; the gateway keeps serving from what it knows, a while

@@ -168,11 +168,19 @@ class Database:
                 # The driver's own connection: notices wait while a transaction is open, and SQLAlchemy would
                 # open one for any statement.
                 driver: Any = (await connection.get_raw_connection()).driver_connection
-                await driver.add_listener(channel, lambda *_: on_notice())
-                on_notice()  # listening from now: whatever came before may not have been heard
-                while True:
-                    await asyncio.sleep(check_seconds)
-                    await driver.execute("SELECT 1")
+
+                def heard(*_: object) -> None:
+                    on_notice()
+
+                await driver.add_listener(channel, heard)
+                try:
+                    on_notice()  # listening from now: whatever came before may not have been heard
+                    while True:
+                        await asyncio.sleep(check_seconds)
+                        await driver.execute("SELECT 1")
+                finally:
+                    # Never back to the pool still listening.
+                    await connection.invalidate()
 
     # Guards, run by the engine's events.
 
