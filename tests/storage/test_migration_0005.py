@@ -5,25 +5,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 import sqlalchemy as sa
-from alembic import command
-from alembic.config import Config
-from sqlalchemy.ext.asyncio import AsyncConnection, create_async_engine
+from sqlalchemy.ext.asyncio import create_async_engine
 
-from credgate.storage.database import MIGRATIONS_DIR
+from tests.storage.migrating import columns, migrate
 
 NOW = datetime(2025, 1, 1, tzinfo=UTC)
-
-
-def _migrate(connection: sa.Connection, revision: str, *, down: bool = False) -> None:
-    config = Config()
-    config.set_main_option("script_location", str(MIGRATIONS_DIR))
-    config.attributes["connection"] = connection
-    (command.downgrade if down else command.upgrade)(config, revision)
-
-
-async def _columns(connection: AsyncConnection, table: str) -> set[str]:
-    found = await connection.run_sync(lambda sync: sa.inspect(sync).get_columns(table))
-    return {column["name"] for column in found}
 
 
 async def test_0005_gives_existing_integrations_no_exception_and_events_no_detail(
@@ -40,7 +26,7 @@ async def test_0005_gives_existing_integrations_no_exception_and_events_no_detai
     events = sa.table("audit_events", *(sa.column(name) for name in ("at", "actor", "action", "project_id")))
     try:
         async with engine.begin() as connection:
-            await connection.run_sync(_migrate, "0004")
+            await connection.run_sync(migrate, "0004")
             await connection.execute(sa.insert(projects).values(id="prj_1", name="p", created_at=NOW, updated_at=NOW))
             row: dict[str, Any] = {"id": "int_1", "project_id": "prj_1", "provider": "acme"}
             row |= {"base_url": "https://api.acme.test", "enabled": True, "timeout_seconds": 600.0}
@@ -50,15 +36,15 @@ async def test_0005_gives_existing_integrations_no_exception_and_events_no_detai
             await connection.execute(
                 sa.insert(events).values(at=NOW, actor="t", action="integration.create", project_id="prj_1")
             )
-            await connection.run_sync(_migrate, "0005")
+            await connection.run_sync(migrate, "0005")
             migrated = sa.table("integrations", sa.column("private_networks", sa.JSON))
             found = await connection.execute(sa.select(migrated.c.private_networks))
             assert found.scalars().all() == [[]]
             detail = await connection.execute(sa.text("SELECT detail FROM audit_events"))
             assert detail.scalars().all() == [None]
-            await connection.run_sync(_migrate, "0004", down=True)
-            assert "private_networks" not in await _columns(connection, "integrations")
-            assert "detail" not in await _columns(connection, "audit_events")
+            await connection.run_sync(migrate, "0004", down=True)
+            assert "private_networks" not in await columns(connection, "integrations")
+            assert "detail" not in await columns(connection, "audit_events")
             assert (await connection.execute(sa.text("SELECT id FROM integrations"))).all() == [("int_1",)]
     finally:
         await engine.dispose()

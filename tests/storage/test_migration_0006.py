@@ -5,26 +5,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 import sqlalchemy as sa
-from alembic import command
-from alembic.config import Config
-from sqlalchemy.ext.asyncio import AsyncConnection, create_async_engine
+from sqlalchemy.ext.asyncio import create_async_engine
 
-from credgate.storage.database import MIGRATIONS_DIR
+from tests.storage.migrating import columns, migrate
 
 NOW = datetime(2025, 1, 1, tzinfo=UTC)
 STATE = ("flash_messages", "flash_secret", "flash_at", "pending_setup", "pending_setup_at")
-
-
-def _migrate(connection: sa.Connection, revision: str, *, down: bool = False) -> None:
-    config = Config()
-    config.set_main_option("script_location", str(MIGRATIONS_DIR))
-    config.attributes["connection"] = connection
-    (command.downgrade if down else command.upgrade)(config, revision)
-
-
-async def _columns(connection: AsyncConnection, table: str) -> set[str]:
-    found = await connection.run_sync(lambda sync: sa.inspect(sync).get_columns(table))
-    return {column["name"] for column in found}
 
 
 async def test_0006_gives_sessions_that_exist_no_panel_state(database: tuple[str, dict[str, Any]]) -> None:
@@ -35,7 +21,7 @@ async def test_0006_gives_sessions_that_exist_no_panel_state(database: tuple[str
     )
     try:
         async with engine.begin() as connection:
-            await connection.run_sync(_migrate, "0005")
+            await connection.run_sync(migrate, "0005")
             await connection.execute(
                 sa.insert(users).values(id="usr_1", username="a", password_hash="h", created_at=NOW)
             )
@@ -44,12 +30,12 @@ async def test_0006_gives_sessions_that_exist_no_panel_state(database: tuple[str
                     id="s" * 64, user_id="usr_1", csrf_token="c", created_at=NOW, last_seen_at=NOW
                 )
             )
-            await connection.run_sync(_migrate, "0006")
+            await connection.run_sync(migrate, "0006")
             migrated = sa.table("admin_sessions", *(sa.column(name) for name in ("id", *STATE)))
             found = await connection.execute(sa.select(migrated))
             assert found.all() == [("s" * 64, None, None, None, None, None)]
-            await connection.run_sync(_migrate, "0005", down=True)
-            assert not set(STATE) & await _columns(connection, "admin_sessions")
+            await connection.run_sync(migrate, "0005", down=True)
+            assert not set(STATE) & await columns(connection, "admin_sessions")
             assert (await connection.execute(sa.text("SELECT id FROM admin_sessions"))).all() == [("s" * 64,)]
     finally:
         await engine.dispose()
