@@ -31,6 +31,11 @@ def redis(tmp_path: Path) -> Iterator[PrivateRedis]:
         yield server
 
 
+async def script_calls(fleet: Fleet) -> int:
+    stats = await fleet.redis.info("commandstats")
+    return sum(int(stats.get(f"cmdstat_{name}", {}).get("calls", 0)) for name in ("evalsha", "eval"))
+
+
 def limiters(fleets: list[Fleet]) -> list[SharedRateLimiter]:
     return [SharedRateLimiter(fleet, RateLimiter()) for fleet in fleets]
 
@@ -116,3 +121,16 @@ async def test_a_redis_that_accepts_but_never_answers_costs_a_request_at_most_th
             writer.close()
         server.close()
         await server.wait_closed()
+
+
+async def test_the_checks_of_one_turn_share_one_round_trip_and_each_still_counts(redis: PrivateRedis) -> None:
+    fleet = open_fleet(redis.url, namespace=unique_namespace())
+    limiter = SharedRateLimiter(fleet, RateLimiter())
+    try:
+        assert await limiter.check("warm", 10) == 0  # the script loaded, a connection open
+        before = await script_calls(fleet)
+        waits = await asyncio.gather(*(limiter.check(f"p{turn % 2}", 30) for turn in range(100)))
+        assert await script_calls(fleet) - before == 1  # not a hundred
+        assert sum(1 for wait in waits if wait == 0) == 60  # 30 for each project, counted in order
+    finally:
+        await fleet.close()

@@ -1,5 +1,5 @@
 """Rate limits: per process (a token bucket in memory), or counted once for every worker and instance that
-share a Redis (GCRA in one script, one round trip a request).
+share a Redis (GCRA in one script; at most one round trip a request, fewer under load).
 
 GCRA (the generic cell rate algorithm) keeps one number per project, the theoretical arrival time, and admits
 exactly what the per-process token bucket (`RateLimiter`) admits: `rate` requests a minute,
@@ -8,6 +8,7 @@ differ still agree. When Redis does not answer, the request is counted in this p
 and Redis is tried again a second later.
 """
 
+import asyncio
 import logging
 import math
 import time
@@ -18,20 +19,26 @@ from credgate.fleet.fleet import RETRY_SECONDS, Fleet
 
 logger = logging.getLogger(__name__)
 
-# KEYS[1]: the project's theoretical arrival time (µs, Redis's clock). ARGV[1]: the interval between requests
-# (µs); ARGV[2]: the burst, as a time (µs). Returns 0 when admitted, else the µs to wait.
+# One call counts a batch: KEYS[i] a project's theoretical arrival time (µs, Redis's clock), ARGV[i] the interval
+# between its requests (µs); the burst is a minute's worth. Returns, for each, 0 when admitted, else the µs to wait.
+# A project twice in one batch is counted twice, in order.
 _GCRA = """
 local now = redis.call('TIME')
 local now_us = tonumber(now[1]) * 1000000 + tonumber(now[2])
-local interval = tonumber(ARGV[1])
-local burst = tonumber(ARGV[2])
-local tat = tonumber(redis.call('GET', KEYS[1])) or now_us
-if tat < now_us then tat = now_us end
-local next_tat = tat + interval
-local wait = next_tat - now_us - burst
-if wait > 0 then return wait end
-redis.call('SET', KEYS[1], next_tat, 'PX', math.ceil((next_tat - now_us) / 1000) + 1)
-return 0
+local waits = {}
+for i, key in ipairs(KEYS) do
+  local tat = tonumber(redis.call('GET', key)) or now_us
+  if tat < now_us then tat = now_us end
+  local next_tat = tat + tonumber(ARGV[i])
+  local wait = next_tat - now_us - 60000000
+  if wait > 0 then
+    waits[i] = wait
+  else
+    redis.call('SET', key, next_tat, 'PX', math.ceil((next_tat - now_us) / 1000) + 1)
+    waits[i] = 0
+  end
+end
+return waits
 """
 
 
@@ -76,7 +83,11 @@ class RateLimiter:
 
 
 class SharedRateLimiter:
-    """The RateLimits of a fleet: counted in Redis, in `local` while Redis does not answer."""
+    """The RateLimits of a fleet: counted in Redis, in `local` while Redis does not answer.
+
+    The checks that come in one turn of the event loop go to Redis together, in one script call: under load, one
+    round trip serves many requests, and a request never waits for another turn.
+    """
 
     def __init__(self, fleet: Fleet, local: RateLimiter) -> None:
         self._fleet = fleet
@@ -84,15 +95,32 @@ class SharedRateLimiter:
         self._local = local
         self._local_until = 0.0  # while Redis is failing, the moment it is tried again
         self._failing = False
+        self._batch: list[tuple[str, int, asyncio.Future[float | None]]] = []
+        self._sending: set[asyncio.Task[None]] = set()
 
     async def check(self, project_id: str, rate_per_minute: int) -> float:
         """0 when the request may go now, else the seconds to wait before one may."""
         if self._local_until and time.monotonic() < self._local_until:
             return self._local.acquire(project_id, rate_per_minute)
-        interval = 60_000_000 // rate_per_minute
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[float | None] = loop.create_future()
+        if not self._batch:
+            loop.call_soon(self._send)  # once every check of this turn has joined
+        self._batch.append((self._fleet.key("rate", project_id), 60_000_000 // rate_per_minute, answer))
+        wait = await answer
+        return self._local.acquire(project_id, rate_per_minute) if wait is None else wait
+
+    def _send(self) -> None:
+        batch, self._batch = self._batch, []
+        task = asyncio.ensure_future(self._ask(batch))
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
+
+    async def _ask(self, batch: list[tuple[str, int, asyncio.Future[float | None]]]) -> None:
+        """Answer every check of `batch`: the seconds to wait, or None to count it locally."""
         try:
-            wait_us = await self._script(keys=[self._fleet.key("rate", project_id)], args=[interval, 60_000_000])
-        except Exception as error:  # whatever the client raises: the request must not fail for it
+            waits = await self._script(keys=[key for key, _, _ in batch], args=[interval for _, interval, _ in batch])
+        except Exception as error:  # whatever the client raises: no request may fail for it
             self._local_until = time.monotonic() + RETRY_SECONDS
             if not self._failing:
                 self._failing = True
@@ -100,11 +128,14 @@ class SharedRateLimiter:
                     "Redis does not answer (%s): rate limits are counted per process until it does",
                     type(error).__name__,
                 )
-            return self._local.acquire(project_id, rate_per_minute)
-        if self._failing:
-            self._failing, self._local_until = False, 0.0
-            logger.warning("Redis answers again: rate limits are shared again")
-        return int(wait_us) / 1_000_000
+            waits = [None] * len(batch)
+        else:
+            if self._failing:
+                self._failing, self._local_until = False, 0.0
+                logger.warning("Redis answers again: rate limits are shared again")
+        for (_, _, answer), wait_us in zip(batch, waits, strict=True):
+            if not answer.done():  # its request may have gone (the client left)
+                answer.set_result(None if wait_us is None else int(wait_us) / 1_000_000)
 
 
 def retry_after_header(wait_seconds: float) -> str:
