@@ -282,8 +282,9 @@ def render(
     if (SHARED_LIMIT, 64) in rows:
         limit_cost = 1 - rps(SHARED_LIMIT) / rps(one)
         lines.append(
-            f"- a rate limit counted in Redis (one script call for the checks of each event-loop turn) costs {limit_cost:.0%} of one worker's "
-            f"throughput at 64 connections and adds {p50(SHARED_LIMIT) - p50(one):.2f} ms at p50 at 1 connection"
+            "- a rate limit counted in Redis (one script call for the checks of each event-loop turn) costs "
+            f"{limit_cost:.0%} of one worker's throughput at 64 connections and adds "
+            f"{p50(SHARED_LIMIT) - p50(one):.2f} ms at p50 at 1 connection"
         )
     if soak:
         lines.append(f"- soak, RSS every 10 s under load (MB): {', '.join(f'{value:.0f}' for value in soak)}")
