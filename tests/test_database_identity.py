@@ -6,6 +6,7 @@ import os
 import shutil
 import sqlite3
 import stat
+import sys
 import threading
 from pathlib import Path
 
@@ -24,7 +25,7 @@ from credgate.services import projects
 from credgate.services.bootstrap import database_id_file, open_context, read_database_id
 from credgate.services.context import Context
 from credgate.services.master_keys import KEY_CHECK
-from credgate.storage import StorageUnavailable
+from credgate.storage import Database, StorageUnavailable
 from credgate.storage.database import DATABASE_ID
 from tests.services.helpers import DatabaseFixture, opened
 
@@ -297,3 +298,13 @@ async def test_a_write_whose_file_vanished_before_its_commit_is_not_committed(
         await write_while_the_file_vanishes()
     with sqlite3.connect(path.with_name("kept.db")) as kept:
         assert kept.execute("SELECT name FROM meta WHERE name LIKE 'probe%'").fetchall() == [("probe-before",)]
+
+
+def test_a_database_url_whose_driver_is_missing_names_the_extra_to_install_and_not_the_password(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "asyncpg", None)  # as if `credgate[postgres]` were not installed
+    with pytest.raises(StartupError) as refused:
+        Database("postgresql+asyncpg://credgate:hunter2-secret@db.internal/credgate")
+    assert "pip install 'credgate[postgres]'" in str(refused.value)
+    assert "hunter2" not in str(refused.value)

@@ -22,7 +22,7 @@ from typing import ClassVar
 
 
 class ServiceError(Exception):
-    """An error of credgate itself, answered in the contract's envelope."""
+    """An error of credgate itself, answered in credgate's error envelope (README, Errors)."""
 
     status: ClassVar[int] = 500
     default_message: ClassVar[str] = "internal error"

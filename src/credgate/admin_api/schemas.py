@@ -121,7 +121,7 @@ class ProjectSecretOut(BaseModel):
 
 
 class TemplateOut(BaseModel):
-    """A template as the contract shows it."""
+    """A template as the admin API shows it."""
 
     id: str
     provider: str

@@ -122,9 +122,9 @@ def admit(
     integration: ResolvedIntegration | None,
     max_request_bytes: int,
 ) -> Admitted:
-    """The contract's checks after the token, in its order: 400 (target), 404 (no integration), 403 (disabled,
-    key revoked, endpoint not enabled), 413 (declared length). The rate limit (429) comes after, in the relay,
-    since it counts."""
+    """The documented checks after the token (README, Errors), in their order: 400 (target), 404 (no integration),
+    403 (disabled, key revoked, endpoint not enabled), 413 (declared length). The rate limit (429) comes after, in
+    the relay, since it counts."""
     segments = check_target(provider, raw_endpoint)
     if integration is None:
         raise NotFound(f"this project has no integration {provider}")

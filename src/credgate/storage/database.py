@@ -21,6 +21,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import InterfaceError, OperationalError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 
+from credgate.errors import StartupError
 from credgate.storage.repository import Repository
 
 logger = logging.getLogger(__name__)
@@ -71,12 +72,15 @@ class Database:
         if parsed.get_backend_name() == "postgresql" and parsed.get_driver_name() == "asyncpg":
             bounds = {"timeout": PG_CONNECT_TIMEOUT_SECONDS, "command_timeout": PG_COMMAND_TIMEOUT_SECONDS}
         engine_options: dict[str, Any] = {} if self.is_sqlite else {"pool_timeout": POOL_TIMEOUT_SECONDS}
-        self.engine = create_async_engine(
-            parsed,
-            connect_args={**bounds, **(connect_args or {})},
-            pool_pre_ping=not self.is_sqlite,
-            **engine_options,
-        )
+        try:
+            self.engine = create_async_engine(
+                parsed,
+                connect_args={**bounds, **(connect_args or {})},
+                pool_pre_ping=not self.is_sqlite,
+                **engine_options,
+            )
+        except ModuleNotFoundError as missing:
+            raise StartupError(_missing_driver(parsed, missing.name)) from None
         engine = self.engine.sync_engine
         if self.is_sqlite:
             _configure_sqlite(engine)
@@ -248,6 +252,13 @@ def _unavailable_on_failure(
         yield
     except only as error:
         raise StorageUnavailable(f"the database does not answer ({type(error).__name__})") from None
+
+
+def _missing_driver(url: URL, module: str | None) -> str:
+    extra = {"asyncpg": "postgres"}.get(module or "")
+    install = f"pip install 'credgate[{extra}]'" if extra else f"install the Python package {module}"
+    backend = url.get_backend_name()
+    return f"CREDGATE_DATABASE_URL needs the {backend} driver {module}, which is not installed: {install}"
 
 
 def _sqlite_file(url: URL) -> Path | None:
