@@ -23,10 +23,12 @@ from credgate import __version__
 from credgate.admin_api import router as admin_api_router
 from credgate.config import Settings
 from credgate.error_responses import error_response, install_error_handlers
+from credgate.log_format import request_id as current_request_id
 from credgate.proxy import ProxyApp
 from credgate.runtime import Runtime
 from credgate.services.bootstrap import open_context
 from credgate.services.context import Context
+from credgate.services.usage import ProxiedRequest
 
 logger = logging.getLogger("credgate.access")
 REQUEST_ID_HEADER = b"x-request-id"
@@ -44,6 +46,7 @@ class Gateway:
         # own reading of it, on the same setting); the proxy plane has no use for the address and skips it.
         trusted = os.environ.get("FORWARDED_ALLOW_IPS", "127.0.0.1,::1")
         self._control_plane: ASGIApp = ProxyHeadersMiddleware(control, trusted_hosts=trusted)  # type: ignore[arg-type,assignment]
+        self._json_logs = runtime.settings.log_format == "json"
 
     @property
     def proxy(self) -> ProxyApp | None:
@@ -54,7 +57,10 @@ class Gateway:
             await self._control_plane(scope, receive, send)
             return
         request_id = secrets.token_hex(8)
-        scope.setdefault("state", {})["request_id"] = request_id
+        state = scope.setdefault("state", {})
+        state["request_id"] = request_id
+        if self._json_logs:
+            current_request_id.set(request_id)  # for every line written while serving it
         started = time.perf_counter()
         status = 0
 
@@ -79,14 +85,25 @@ class Gateway:
             await app(scope, receive, send_with_id)
         finally:
             # The path only: a query string may carry values that are not ours to log.
+            path, duration_ms = raw_path.decode("latin-1"), (time.perf_counter() - started) * 1000
+            fields = _access_fields(scope["method"], path, status, duration_ms, state) if self._json_logs else None
             logger.info(
-                "%s %s %d %.1fms %s",
-                scope["method"],
-                raw_path.decode("latin-1"),
-                status,
-                (time.perf_counter() - started) * 1000,
-                request_id,
+                "%s %s %d %.1fms %s", scope["method"], path, status, duration_ms, request_id, extra={"http": fields}
             )
+
+
+def _access_fields(method: str, path: str, status: int, duration_ms: float, state: dict[str, Any]) -> dict[str, Any]:
+    """The access line's fields in JSON logs; a proxied request's project, provider and byte counts with them."""
+    fields: dict[str, Any] = {"method": method, "path": path, "status": status, "duration_ms": round(duration_ms, 2)}
+    proxied: ProxiedRequest | None = state.get("proxied")
+    if proxied is not None:
+        fields |= {
+            "project": proxied.project_id,
+            "provider": proxied.provider,
+            "request_bytes": proxied.request_bytes,
+            "response_bytes": proxied.response_bytes,
+        }
+    return fields
 
 
 class BuiltOnFirstUse:

@@ -1,6 +1,7 @@
 """Settings, read from `CREDGATE_*` environment variables; built only by the CLI or the app factory."""
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -39,6 +40,8 @@ class Settings(BaseSettings):
     # While the database does not answer, cached access is served for at most this long (0: never), then 503.
     stale_seconds: float = Field(default=30.0, ge=0, le=86400)
     log_level: str = "info"
+    # `text`, or `json`: one object per line, the request id on every line about a request (README, Logs).
+    log_format: Literal["text", "json"] = "text"
     # How long the request log keeps a proxied request (bodies are never kept).
     request_log_days: int = Field(default=30, ge=1)
 

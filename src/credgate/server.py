@@ -26,6 +26,7 @@ from uvicorn.supervisors.multiprocess import Multiprocess
 from credgate.config import Settings
 from credgate.error_responses import ERROR_HEADER, error_body
 from credgate.errors import StartupError
+from credgate.log_format import formatter
 from credgate.services.bootstrap import attach_context
 from credgate.services.context import Context
 
@@ -33,7 +34,6 @@ logger = logging.getLogger("credgate.server")
 MAX_HEADER_COUNT = 100  # as Envoy's default: SDKs send about 15, browsers about 25
 LINGER_SECONDS = 1.0
 # The process id tells which worker wrote a line; the level stays right before the logger's name.
-LOG_FORMAT = "%(asctime)s [%(process)d] %(levelname)s %(name)s: %(message)s"
 WORKER_HEALTHCHECK_SECONDS = 10  # a worker that does not answer the supervisor's ping for this long is replaced
 WORKER_EXIT_MARGIN_SECONDS = 5.0  # after the drain, for a worker's shutdown (closing its pools) before it is killed
 
@@ -173,28 +173,13 @@ def exit_zero_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, lambda _signal, _frame: None)
 
 
-class LineFormatter(logging.Formatter):
-    """logging's formatter with the time of day formatted once a second, not once a line (the access log writes
-    a line per request)."""
-
-    _second = -1
-    _second_text = ""
-
-    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
-        second = int(record.created)
-        if second != self._second:
-            self._second_text = time.strftime(self.default_time_format, self.converter(record.created))
-            self._second = second
-        return f"{self._second_text},{int(record.msecs):03d}"  # as logging's default_msec_format
-
-
 def configure_logging(settings: Settings) -> None:
     # What no line shows is not collected (the logging HOWTO's "Optimization"): callers' source lines, threads.
     logging._srcfile = None
     logging.logThreads = False
     logging.logMultiprocessing = False
     handler = logging.StreamHandler()
-    handler.setFormatter(LineFormatter(LOG_FORMAT))
+    handler.setFormatter(formatter(settings.log_format))
     logging.basicConfig(level=settings.log_level.upper(), handlers=[handler])
 
 

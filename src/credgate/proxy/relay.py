@@ -149,6 +149,7 @@ class ProxyApp:
             provider=provider,
             endpoint=raw_endpoint,
         )
+        scope["state"]["proxied"] = record  # for the access line's fields
         try:
             integration, credential, length = await self._authorize(scope, access, provider, raw_endpoint)
             await self._relay(scope, receive, send, integration, credential, length, raw_endpoint, record, token)
