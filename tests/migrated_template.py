@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import event, text
+from sqlalchemy import Engine, event, text
 from sqlalchemy.ext.asyncio import AsyncConnection, create_async_engine
 
 from credgate.storage import Database
@@ -78,10 +78,12 @@ async def _postgres_template(url: str, connect_args: dict[str, Any]) -> str:
                     assert not parameters, f"a migration statement with parameters cannot be replayed: {statement}"
                     recorded.append(statement)
 
-            event.listen(database.engine.sync_engine, "before_cursor_execute", record)
+            # On every engine: the migrations run on an engine of their own (Database._unbounded).
+            event.listen(Engine, "before_cursor_execute", record)
             try:
                 await database.upgrade()
             finally:
+                event.remove(Engine, "before_cursor_execute", record)
                 await database.dispose()
             _postgres_script = ";\n".join(recorded)
         finally:

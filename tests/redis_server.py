@@ -2,9 +2,11 @@
 one answers), or a private `redis-server` of the test's own that it may stop and start again."""
 
 import asyncio
+import contextlib
 import os
 import secrets
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -52,17 +54,29 @@ class PrivateRedis:
             *("--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"),
             *("--dir", str(self._directory)),
         ]
-        self._process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self._process = process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
-            with socket.socket() as probe:
-                if probe.connect_ex(("127.0.0.1", self.port)) == 0:
+            assert process.poll() is None, "the private redis-server exited (its port taken since it was chosen?)"
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), 1) as probe:
+                probe.sendall(b"PING\r\n")
+                if probe.recv(16).startswith(b"+PONG"):
                     return
             time.sleep(0.02)
         raise AssertionError("the private redis-server did not start")
 
+    def pause(self) -> None:
+        """Stop the server without closing anything: its connections stay open and silent (a hung Redis)."""
+        assert self._process is not None
+        self._process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self._process is not None
+        self._process.send_signal(signal.SIGCONT)
+
     def stop(self) -> None:
         if self._process is not None:
+            self._process.send_signal(signal.SIGCONT)  # a paused server could not die
             self._process.kill()
             self._process.wait(10)
             self._process = None

@@ -17,7 +17,7 @@ from credgate.errors import Unavailable
 from credgate.fleet import RateLimiter, SharedRateLimiter
 from credgate.proxy import ProxyApp, create_http_session
 from credgate.resolved import ResolvedIntegration
-from credgate.services.access import follow_changes, follow_notices
+from credgate.services.access import follow_notices, watch_database
 from credgate.services.context import Context
 from credgate.services.usage import UsageRecorder
 from credgate.services.verification import Verification
@@ -67,7 +67,8 @@ class Runtime:
         ctx = self._given_context or await self._open_context(settings)
         session = self._given_session or create_http_session(allow_private_upstreams=settings.allow_private_upstreams)
         recorder = UsageRecorder(ctx, retention=timedelta(days=settings.request_log_days))
-        rate_limits = RateLimiter() if ctx.fleet is None else SharedRateLimiter(ctx.fleet, RateLimiter())
+        shared = None if ctx.fleet is None else SharedRateLimiter(ctx.fleet, RateLimiter())
+        rate_limits = shared or RateLimiter()
         proxy = ProxyApp(ctx, settings, session, recorder, rate_limits=rate_limits)
         self._context, self.proxy = ctx, proxy
         # The objects of start-up (modules, the ORM's and pydantic's) live as long as the process: out of the
@@ -75,7 +76,7 @@ class Runtime:
         asyncio.get_running_loop().call_later(1.0, gc.freeze)
         tasks = [
             asyncio.create_task(
-                follow_changes(ctx, interval=settings.change_poll_seconds, stale_seconds=settings.stale_seconds)
+                watch_database(ctx, interval=settings.change_poll_seconds, stale_seconds=settings.stale_seconds)
             ),
             asyncio.create_task(recorder.run()),
         ]
@@ -90,9 +91,10 @@ class Runtime:
             self.proxy = None
             for task in tasks:
                 task.cancel()
-            for task in tasks:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+            # Whatever a task ended with, the rest of the shutdown runs (a failure was logged where it happened).
+            await asyncio.gather(*tasks, return_exceptions=True)
+            if shared is not None:
+                await shared.aclose()
             await proxy.upstreams.close()  # the sessions of integrations' exceptions, always the proxy's own
             if self._given_session is None:
                 await session.close()

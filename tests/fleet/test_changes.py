@@ -24,9 +24,11 @@ class Heard:
 
     def __init__(self) -> None:
         self.times: list[float] = []
+        self.markers: list[str | None] = []
         self.event = asyncio.Event()
 
-    def __call__(self) -> None:
+    def __call__(self, marker: str | None) -> None:
+        self.markers.append(marker)
         self.times.append(time.perf_counter())
         self.event.set()
 
@@ -37,7 +39,7 @@ class Heard:
 
 
 @contextlib.asynccontextmanager
-async def following(fleet: Fleet, on_change: Callable[[], None]) -> AsyncIterator[None]:
+async def following(fleet: Fleet, on_change: Callable[[str | None], None]) -> AsyncIterator[None]:
     task = asyncio.create_task(fleet.follow_changes(on_change))
     try:
         yield
@@ -59,11 +61,12 @@ async def test_every_follower_hears_a_change_within_100_ms() -> None:
             delays = []
             for _ in range(30):
                 sent = time.perf_counter()
-                await publisher.publish_change()
+                await publisher.publish_change("m1")
                 delays += [await ears.next(1) - sent for ears in heard]
         p50, p99 = statistics.median(delays), statistics.quantiles(delays, n=100)[98]
         logger.info("change notice delay over %d receipts: p50 %.2f ms, p99 %.2f ms", len(delays), p50 * 1e3, p99 * 1e3)
         assert max(delays) < 0.1, f"p50 {p50 * 1000:.1f} ms, max {max(delays) * 1000:.1f} ms"
+        assert all(ears.markers == [None] + ["m1"] * 30 for ears in heard)  # subscribed, then each change's marker
     finally:
         for fleet in [publisher, *followers]:
             await fleet.close()
@@ -76,7 +79,7 @@ async def test_gateways_sharing_a_redis_hear_only_their_own_changes() -> None:
     try:
         async with following(mine, heard):
             await heard.next(5)
-            await theirs.publish_change()
+            await theirs.publish_change("m1")
             with pytest.raises(TimeoutError):
                 await heard.next(0.3)
     finally:
@@ -96,12 +99,12 @@ async def test_a_follower_survives_redis_going_away_and_counts_its_return_as_a_c
             async with following(follower, heard):
                 await heard.next(5)
                 redis.stop()
-                await publisher.publish_change()  # never raises: polling the database carries the change
-                await publisher.publish_change()
+                await publisher.publish_change("m1")  # never raises: polling the database carries the change
+                await publisher.publish_change("m1")
                 redis.start()
                 await heard.next(RETRY_SECONDS + 5)  # resubscribed: whatever was missed counts as changed
                 sent = time.perf_counter()
-                await publisher.publish_change()
+                await publisher.publish_change("m1")
                 assert await heard.next(1) - sent < 0.1
         finally:
             await follower.close()
@@ -119,3 +122,28 @@ def test_a_malformed_redis_url_is_refused_at_start_without_quoting_it() -> None:
     with pytest.raises(StartupError) as refused:
         open_fleet("http://user:hunter2-secret@example.com", namespace="n")
     assert "hunter2" not in str(refused.value)
+
+
+async def test_a_follower_whose_redis_hangs_notices_within_seconds_and_resubscribes_when_it_answers(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A connection that stays open but silent (a stopped server, a partition) is found out by a ping."""
+    caplog.set_level(logging.WARNING, logger="credgate.fleet")
+    with private_redis(tmp_path) as redis:
+        namespace = unique_namespace()
+        follower, publisher = open_fleet(redis.url, namespace=namespace), open_fleet(redis.url, namespace=namespace)
+        heard = Heard()
+        try:
+            async with following(follower, heard):
+                await heard.next(5)
+                redis.pause()
+                await asyncio.sleep(3.5)  # a second without a notice, a second for the ping's answer, and slack
+                assert any(r.getMessage().startswith("lost the change notices from Redis") for r in caplog.records)
+                redis.resume()
+                await heard.next(RETRY_SECONDS + 5)  # resubscribed
+                sent = time.perf_counter()
+                await publisher.publish_change("m1")
+                assert await heard.next(1) - sent < 0.1
+        finally:
+            await follower.close()
+            await publisher.close()

@@ -62,9 +62,8 @@ async def test_three_processes_share_one_count_even_when_they_ask_at_once(fleets
 
 async def test_the_shared_count_refills_like_the_local_bucket(fleets: list[Fleet]) -> None:
     limiter = limiters(fleets)[0]
-    for _ in range(120):
-        assert await limiter.check("p1", 120) == 0  # a request every 0.5 s, a burst of a minute's worth
-    assert await limiter.check("p1", 120) > 0
+    burst = await asyncio.gather(*(limiter.check("p1", 120) for _ in range(121)))  # one call: no time to refill
+    assert burst.count(0) == 120  # a request every 0.5 s, a burst of a minute's worth
     await asyncio.sleep(0.6)
     assert await limiter.check("p1", 120) == 0  # 0.6 s refilled one request, not two
     assert await limiter.check("p1", 120) > 0
@@ -134,3 +133,30 @@ async def test_the_checks_of_one_turn_share_one_round_trip_and_each_still_counts
         assert sum(1 for wait in waits if wait == 0) == 60  # 30 for each project, counted in order
     finally:
         await fleet.close()
+
+
+async def test_a_redis_that_hangs_costs_one_wait_a_second_not_one_a_request(
+    redis: PrivateRedis, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="credgate.fleet")
+    fleet = open_fleet(redis.url, namespace=unique_namespace())
+    limiter = SharedRateLimiter(fleet, RateLimiter())
+    loop = asyncio.get_running_loop()
+    took: list[float] = []
+    try:
+        assert await limiter.check("p1", 10**6) == 0
+        redis.pause()
+        finish = loop.time() + 3
+        while loop.time() < finish:
+            started = loop.time()
+            assert await limiter.check("p1", 10**6) == 0  # never refused, never failed: counted locally
+            took.append(loop.time() - started)
+            await asyncio.sleep(0.01)
+    finally:
+        redis.resume()
+        await fleet.close()
+    slow = [seconds for seconds in took if seconds > 0.5]
+    assert len(took) > 50
+    assert len(slow) <= 5, slow  # the first, then one probe a second
+    assert max(took) < ANSWER_TIMEOUT_SECONDS + 0.5
+    assert "Redis does not answer (TimeoutError): rate limits are counted per process until it does" in caplog.text

@@ -639,8 +639,6 @@ async def test_ft12_what_was_cached_is_served_for_the_stale_seconds_then_503_unt
     while (stale := await relayed.chat(relayed.warm)).status_code == 200:
         assert time.monotonic() < deadline, "still served from memory long after CREDGATE_STALE_SECONDS"
         await asyncio.sleep(0.05)
-    # Not before the bound, counted from the last read that succeeded: at most a poll interval before `down`.
-    assert time.monotonic() - down >= 1 - 0.5
     assert_service_error(stale, 503)
     assert len(relayed.upstream.received) >= 2
 

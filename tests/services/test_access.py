@@ -6,13 +6,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 
 import pytest
-from sqlalchemy import event
+from sqlalchemy import event, text
 
 from credgate.config import Settings
 from credgate.crypto import Secret
 from credgate.services import integrations, projects
-from credgate.services.access import Access, follow_changes, follow_notices, resolve_access
-from credgate.services.context import Context
+from credgate.services.access import Access, follow_notices, resolve_access, watch_database
+from credgate.services.context import Context, notify_channel
 from credgate.services.integrations import IntegrationChanges
 from credgate.specs import BearerAuth, Endpoint
 from tests.secret_sweep import SWEEP
@@ -51,7 +51,7 @@ async def look(ctx: Context, token: str) -> object:
 
 @asynccontextmanager
 async def following(ctx: Context, settings: Settings) -> AsyncIterator[None]:
-    task = asyncio.create_task(follow_changes(ctx, interval=settings.change_poll_seconds, stale_seconds=30))
+    task = asyncio.create_task(watch_database(ctx, interval=settings.change_poll_seconds, stale_seconds=30))
     try:
         yield
     finally:
@@ -229,6 +229,17 @@ async def test_a_change_by_another_instance_is_seen_within_a_second(
         assert await look_within(ctx, token, expected, seconds=1.0) == expected
 
 
+async def test_a_change_clears_the_cache_once_and_not_again_at_the_next_poll(ctx: Context, settings: Settings) -> None:
+    """The poll finds the marker the change was cleared for: the cache it refilled since is kept."""
+    project_id, _ = await new_project(ctx)
+    async with following(ctx, settings):
+        await asyncio.sleep(settings.change_poll_seconds * 2)  # past the first poll
+        generation = ctx.access.generation
+        await set_key(ctx, project_id)
+        await asyncio.sleep(settings.change_poll_seconds * 3)
+        assert ctx.access.generation == generation + 1
+
+
 async def test_a_change_made_before_the_follower_starts_is_seen_within_a_second(
     ctx: Context, settings: Settings, database: DatabaseFixture
 ) -> None:
@@ -249,13 +260,49 @@ async def test_on_postgresql_without_redis_a_change_by_another_instance_is_heard
 ) -> None:
     """LISTEN/NOTIFY: the notice is sent on commit; no polling runs here, so only it can clear the cache."""
     project_id, token = await new_project(ctx)
-    listening = asyncio.create_task(follow_notices(ctx))
+    async with listening(ctx), opened(settings, database) as other:
+        assert await look(ctx, token) == BEFORE
+        await change(other, project_id)
+        assert await look_within(ctx, token, expected, seconds=0.1) == expected
+
+
+@asynccontextmanager
+async def listening(ctx: Context) -> AsyncIterator[None]:
+    """follow_notices running, and listening: its first LISTEN has cleared the cache."""
+    generation = ctx.access.generation
+    task = asyncio.create_task(follow_notices(ctx))
     try:
-        async with opened(settings, database) as other:
-            await asyncio.sleep(0.2)  # listening
-            assert await look(ctx, token) == BEFORE
-            await change(other, project_id)
-            assert await look_within(ctx, token, expected, seconds=0.1) == expected
+        await until(lambda: ctx.access.generation > generation, seconds=5)
+        yield
     finally:
-        listening.cancel()
-        await asyncio.gather(listening, return_exceptions=True)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def until(condition: Callable[[], bool], *, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "not within the time"
+        await asyncio.sleep(0.01)
+
+
+@pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
+async def test_a_listening_connection_the_server_ends_is_replaced_and_changes_are_heard_again(
+    ctx: Context, settings: Settings, database: DatabaseFixture, caplog: pytest.LogCaptureFixture
+) -> None:
+    project_id, token = await new_project(ctx)
+    async with listening(ctx), opened(settings, database) as other:
+        generation = ctx.access.generation
+        async with other.database.engine.connect() as admin:
+            ended = await admin.scalar(
+                text("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE query = :listen"),
+                {"listen": f'LISTEN "{notify_channel(ctx)}"'},
+            )
+        assert ended == 1
+        await until(lambda: ctx.access.generation > generation, seconds=5)  # listening again
+        assert await look(ctx, token) == BEFORE
+        await set_key(other, project_id)
+        assert await look_within(ctx, token, (NEW_KEY, True, BASE_URL, 1, None), seconds=0.1) != BEFORE
+    messages = [record.getMessage() for record in caplog.records]
+    assert any(message.startswith("lost the database's change notices") for message in messages)
+    assert "the database's change notices resumed" in messages

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from credgate.errors import StartupError
+from credgate.outages import Outage
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
@@ -20,7 +21,7 @@ ANSWER_TIMEOUT_SECONDS = 1.0
 MAX_CONNECTIONS = 32
 # After a failure, Redis is tried again at most this often: requests meanwhile use the fallback at once.
 RETRY_SECONDS = 1.0
-# How long the change follower waits for a notice before it checks that its subscription is alive.
+# How long the change follower waits for a notice before it pings Redis to check that its subscription is alive.
 _LISTEN_SECONDS = 1.0
 
 
@@ -32,54 +33,70 @@ class Fleet:
         self.redis = redis
         self.namespace = namespace
         self.changes_channel = f"{namespace}:changes"
-        self._publish_failed = False
+        self._publishing = Outage(
+            logger,
+            down="could not publish a change through Redis (%s): other instances find it by polling",
+            back="Redis answers again: changes are published again",
+            retry_seconds=RETRY_SECONDS,
+        )
 
     def key(self, *parts: str) -> str:
+        """A Redis key of this gateway's: `<namespace>:<part>:…`."""
         return ":".join((self.namespace, *parts))
 
-    async def publish_change(self) -> None:
-        """Tell every instance that configuration changed. Never raises: when Redis does not answer, instances
-        still find the change by polling the database (`CREDGATE_CHANGE_POLL_SECONDS`)."""
+    async def publish_change(self, marker: str) -> None:
+        """Tell every instance that configuration changed. Never raises, and waits at most ANSWER_TIMEOUT_SECONDS
+        (not at all for a second after a failure): instances still find the change by polling the database."""
+        if not self._publishing.may_try():
+            return
         try:
-            await self.redis.publish(self.changes_channel, b"changed")
+            async with asyncio.timeout(ANSWER_TIMEOUT_SECONDS):
+                await self.redis.publish(self.changes_channel, marker)
         except Exception as error:
-            if not self._publish_failed:
-                logger.warning(
-                    "could not publish a change through Redis (%s): other instances find it by polling",
-                    type(error).__name__,
-                )
-            self._publish_failed = True
+            self._publishing.failed(error)
         else:
-            self._publish_failed = False
+            self._publishing.answered()
 
-    async def follow_changes(self, on_change: Callable[[], None]) -> None:
-        """Call `on_change` on every change notice, until cancelled. Also once at every (re)subscription: notices
-        sent while this process was not listening are lost. A lost connection is retried every RETRY_SECONDS."""
-        failing = False
+    async def follow_changes(self, on_change: Callable[[str | None], None]) -> None:
+        """Call `on_change` with the change marker of every change notice, until cancelled; with None once at every
+        (re)subscription, once
+        Redis has confirmed it: notices sent while this process was not listening are lost. A subscription that
+        hears nothing for _LISTEN_SECONDS pings Redis, so that a connection that died silently is replaced. A
+        lost connection is retried every RETRY_SECONDS."""
+        outage = Outage(
+            logger,
+            down="lost the change notices from Redis (%s): changes are found by polling until it answers",
+            back="Redis answers again: change notices resumed",
+            retry_seconds=RETRY_SECONDS,
+        )
         while True:
             try:
                 async with self.redis.pubsub() as pubsub:
                     await pubsub.subscribe(self.changes_channel)
-                    on_change()
-                    if failing:
-                        logger.warning("Redis answers again: change notices resumed")
-                        failing = False
+                    while (confirmed := await pubsub.get_message(timeout=_LISTEN_SECONDS)) is None:
+                        pass
+                    if confirmed["type"] != "subscribe":
+                        raise ConnectionError("the subscription was not confirmed")
+                    on_change(None)
+                    outage.answered()
+                    pinged = False
                     while True:
                         message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=_LISTEN_SECONDS)
-                        if message is not None:
-                            on_change()
-            except asyncio.CancelledError:
-                raise
+                        if message is None:
+                            if pinged:
+                                raise ConnectionError("Redis did not answer a ping")
+                            await pubsub.ping()
+                            pinged = True
+                        elif message["type"] == "pong":
+                            pinged = False
+                        elif message["type"] == "message":
+                            on_change(message["data"].decode("ascii", "replace"))
             except Exception as error:
-                if not failing:
-                    logger.warning(
-                        "lost the change notices from Redis (%s): changes are found by polling until it answers",
-                        type(error).__name__,
-                    )
-                failing = True
+                outage.failed(error)
                 await asyncio.sleep(RETRY_SECONDS)
 
     async def close(self) -> None:
+        """Close every connection to Redis."""
         await self.redis.aclose()
         await self.redis.connection_pool.disconnect()  # a pool given to the client is not closed with it
 

@@ -15,13 +15,14 @@ import time
 from dataclasses import dataclass
 from typing import Protocol
 
-from credgate.fleet.fleet import RETRY_SECONDS, Fleet
+from credgate.fleet.fleet import ANSWER_TIMEOUT_SECONDS, RETRY_SECONDS, Fleet
+from credgate.outages import Outage
 
 logger = logging.getLogger(__name__)
 
-# One call counts a batch: KEYS[i] a project's theoretical arrival time (µs, Redis's clock), ARGV[i] the interval
-# between its requests (µs); the burst is a minute's worth. Returns, for each, 0 when admitted, else the µs to wait.
-# A project twice in one batch is counted twice, in order.
+# One call counts a batch: KEYS[i] a project's theoretical arrival time (µs, Redis's clock), ARGV[i] its limit in
+# requests a minute; the burst is a minute's worth. Returns, for each, 0 when admitted, else the µs to wait. A
+# project twice in one batch is counted twice, in order.
 _GCRA = """
 local now = redis.call('TIME')
 local now_us = tonumber(now[1]) * 1000000 + tonumber(now[2])
@@ -29,10 +30,10 @@ local waits = {}
 for i, key in ipairs(KEYS) do
   local tat = tonumber(redis.call('GET', key)) or now_us
   if tat < now_us then tat = now_us end
-  local next_tat = tat + tonumber(ARGV[i])
+  local next_tat = tat + 60000000 / tonumber(ARGV[i])
   local wait = next_tat - now_us - 60000000
   if wait > 0 then
-    waits[i] = wait
+    waits[i] = math.ceil(wait)
   else
     redis.call('SET', key, next_tat, 'PX', math.ceil((next_tat - now_us) / 1000) + 1)
     waits[i] = 0
@@ -86,27 +87,33 @@ class SharedRateLimiter:
     """The RateLimits of a fleet: counted in Redis, in `local` while Redis does not answer.
 
     The checks that come in one turn of the event loop go to Redis together, in one script call: under load, one
-    round trip serves many requests, and a request never waits for another turn.
+    round trip serves many requests, and a request never waits for another turn. A call that fails, or takes over
+    ANSWER_TIMEOUT_SECONDS, sends its checks to `local`; so does every check after it, but for one call a second
+    that tries Redis again.
     """
 
     def __init__(self, fleet: Fleet, local: RateLimiter) -> None:
         self._fleet = fleet
         self._script = fleet.redis.register_script(_GCRA)
         self._local = local
-        self._local_until = 0.0  # while Redis is failing, the moment it is tried again
-        self._failing = False
+        self._outage = Outage(
+            logger,
+            down="Redis does not answer (%s): rate limits are counted per process until it does",
+            back="Redis answers again: rate limits are shared again",
+            retry_seconds=RETRY_SECONDS,
+        )
         self._batch: list[tuple[str, int, asyncio.Future[float | None]]] = []
         self._sending: set[asyncio.Task[None]] = set()
 
     async def check(self, project_id: str, rate_per_minute: int) -> float:
         """0 when the request may go now, else the seconds to wait before one may."""
-        if self._local_until and time.monotonic() < self._local_until:
+        if not self._batch and not self._outage.may_try():
             return self._local.acquire(project_id, rate_per_minute)
         loop = asyncio.get_running_loop()
         answer: asyncio.Future[float | None] = loop.create_future()
         if not self._batch:
             loop.call_soon(self._send)  # once every check of this turn has joined
-        self._batch.append((self._fleet.key("rate", project_id), 60_000_000 // rate_per_minute, answer))
+        self._batch.append((self._fleet.key("rate", project_id), rate_per_minute, answer))
         wait = await answer
         return self._local.acquire(project_id, rate_per_minute) if wait is None else wait
 
@@ -118,25 +125,27 @@ class SharedRateLimiter:
 
     async def _ask(self, batch: list[tuple[str, int, asyncio.Future[float | None]]]) -> None:
         """Answer every check of `batch`: the seconds to wait, or None to count it locally."""
+        waits: list[float | None] = [None] * len(batch)
         try:
-            waits = await self._script(keys=[key for key, _, _ in batch], args=[interval for _, interval, _ in batch])
+            async with asyncio.timeout(ANSWER_TIMEOUT_SECONDS):
+                answered = await self._script(keys=[key for key, _, _ in batch], args=[rate for _, rate, _ in batch])
+            waits = [int(wait_us) / 1_000_000 for wait_us in answered]
         except Exception as error:  # whatever the client raises: no request may fail for it
-            self._local_until = time.monotonic() + RETRY_SECONDS
-            if not self._failing:
-                self._failing = True
-                logger.warning(
-                    "Redis does not answer (%s): rate limits are counted per process until it does",
-                    type(error).__name__,
-                )
-            waits = [None] * len(batch)
+            self._outage.failed(error)
         else:
-            if self._failing:
-                self._failing, self._local_until = False, 0.0
-                logger.warning("Redis answers again: rate limits are shared again")
-        for (_, _, answer), wait_us in zip(batch, waits, strict=True):
-            if not answer.done():  # its request may have gone (the client left)
-                answer.set_result(None if wait_us is None else int(wait_us) / 1_000_000)
+            self._outage.answered()
+        finally:  # cancelled or not, every request waiting gets its answer
+            for (_, _, answer), wait in zip(batch, waits, strict=False):
+                if not answer.done():  # its request may have gone (the client left)
+                    answer.set_result(wait)
+
+    async def aclose(self) -> None:
+        """Stop the calls under way (shutting down): their requests are counted locally."""
+        for task in list(self._sending):
+            task.cancel()
+        await asyncio.gather(*self._sending, return_exceptions=True)
 
 
 def retry_after_header(wait_seconds: float) -> str:
+    """The Retry-After value for a wait: whole seconds, at least 1."""
     return str(max(1, math.ceil(wait_seconds)))

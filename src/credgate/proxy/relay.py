@@ -58,6 +58,7 @@ from credgate.services.usage import (
 )
 from credgate.services.verification import Verification, verdict
 from credgate.specs import OAUTH2_METHODS, PROVIDER_NAME, AwsSigV4Auth, Endpoint
+from credgate.storage import StorageUnavailable
 
 logger = logging.getLogger(__name__)
 _VERIFY_TIMEOUT = aiohttp.ClientTimeout(total=15)
@@ -176,6 +177,8 @@ class ProxyApp:
         lookup = provider if PROVIDER_NAME.fullmatch(provider) else ""
         try:
             access = await resolve_access(self.ctx, token=token, provider=lookup)
+        except StorageUnavailable:  # an outage, logged once by the database's watcher, not once a request
+            raise Unavailable(f"storage unavailable (request id {scope['state']['request_id']})") from None
         except Exception:
             logger.exception("token lookup failed for request %s", scope["state"]["request_id"])
             raise Unavailable(f"storage unavailable (request id {scope['state']['request_id']})") from None

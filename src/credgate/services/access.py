@@ -15,8 +15,9 @@ from pydantic import TypeAdapter
 
 from credgate.crypto import hash_token
 from credgate.netguard import PrivateNetworks
+from credgate.outages import Outage
 from credgate.resolved import ResolvedIntegration
-from credgate.services.context import CHANGE_MARKER, Context, changes_channel
+from credgate.services.context import CHANGE_MARKER, Context, notify_channel
 from credgate.services.projects import PROJECT_TOKEN_PREFIX
 from credgate.services.provider_keys import open_provider_key
 from credgate.specs import AuthSpec, Endpoint
@@ -129,15 +130,18 @@ def _forget(
         task.exception()  # retrieved: a failure nobody waited for any more is not reported as lost
 
 
-async def follow_changes(ctx: Context, *, interval: float, stale_seconds: float) -> None:
+async def watch_database(ctx: Context, *, interval: float, stale_seconds: float) -> None:
     """Clear the cache whenever another instance or the CLI changes configuration; runs until cancelled.
 
     Also the judge of the database's health for the proxy: while the marker cannot be read, the cache is served
     for `stale_seconds` after the last read that succeeded, then refused (StorageUnavailable, a 503)."""
     cache = ctx.access
-    seen: str | None = None
     confirmed = time.monotonic()
-    failing = False
+    outage = Outage(
+        logger,
+        down=f"the database does not answer (%s); serving from memory for at most {stale_seconds:g} s",
+        back="the database answers again",
+    )
     while True:
         started = time.monotonic()
         read = asyncio.ensure_future(_read_marker(ctx))
@@ -155,37 +159,35 @@ async def follow_changes(ctx: Context, *, interval: float, stale_seconds: float)
             marker = read.result()
         except Exception as error:  # the next poll retries; the gateway keeps serving from what it knows, a while
             cache.stale_after = confirmed + stale_seconds
-            if not failing:
-                failing = True
-                logger.warning(
-                    "the database does not answer (%s); serving from memory for at most %s s",
-                    type(error).__name__,
-                    stale_seconds,
-                )
+            outage.failed(error)
         else:
             confirmed = started
-            if failing:
-                failing = False
-                logger.warning("the database answers again")
-            if marker != seen:  # the first read too: what was cached before it may predate a change
-                cache.invalidate()
-                seen = marker
+            outage.answered()
+            if marker != cache.marker:  # the first read too: what was cached before it may predate a change
+                cache.invalidate(marker)
             cache.stale_after = None
         await asyncio.sleep(interval)
 
 
-async def follow_notices(ctx: Context, *, retry_seconds: float = 1.0) -> None:
+async def follow_notices(ctx: Context) -> None:
     """On PostgreSQL without Redis: clear the cache on every change notice (LISTEN), until cancelled. A lost
-    listening connection is logged once and listened again every `retry_seconds`; polling covers the gap."""
-    failing = False
+    listening connection is logged once and listened again every second; the poll covers the gap."""
+    outage = Outage(
+        logger,
+        down="lost the database's change notices (%s); changes are found by polling",
+        back="the database's change notices resumed",
+    )
+
+    def heard(marker: str | None) -> None:
+        outage.answered()
+        ctx.access.invalidate(marker)
+
     while True:
         try:
-            await ctx.database.listen(changes_channel(ctx), ctx.access.invalidate)
-        except StorageUnavailable as error:
-            if not failing:
-                logger.warning("lost the database's change notices (%s); changes are found by polling", error)
-            failing = True
-        await asyncio.sleep(retry_seconds)
+            await ctx.database.listen(notify_channel(ctx), heard)
+        except Exception as error:  # the driver's own errors too: a dropped connection is not the end
+            outage.failed(error)
+        await asyncio.sleep(outage.retry_seconds)
 
 
 async def _read_marker(ctx: Context) -> str | None:

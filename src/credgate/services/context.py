@@ -51,11 +51,16 @@ class AccessCache:
         self.max_unknown = max_unknown
         # While the database does not answer: the monotonic time after which entries are too stale to serve.
         self.stale_after: float | None = None
+        # The change marker of the newest change this cache was cleared for (None: not known).
+        self.marker: str | None = None
 
-    def invalidate(self) -> None:
+    def invalidate(self, marker: str | None = None) -> None:
+        """Forget every entry: a change was made. `marker`, the change marker it was made under where known,
+        spares the database's watcher a second clearing for the same change."""
         self.generation += 1
         self.entries.clear()
         self.unknown.clear()
+        self.marker = marker
 
     def store(self, key: tuple[str, str], value: object, *, generation: int) -> None:
         if generation != self.generation:
@@ -98,19 +103,23 @@ class Context:
             # Cut, not refused: "admin-token:" and a name of the longest allowed length is longer than the column.
             who = actor[:MAX_ACTOR_LENGTH]
             repo.add(AuditEvent(at=self.clock(), actor=who, action=action, project_id=project_id, provider=provider))
-            await repo.set_meta(CHANGE_MARKER, secrets.token_hex(8))
-            await repo.notify(changes_channel(self))
-        self.access.invalidate()
+            marker = secrets.token_hex(8)
+            await repo.set_meta(CHANGE_MARKER, marker)
+            await repo.notify(notify_channel(self), marker)
+        self.access.invalidate(marker)
         if self.fleet is not None:
-            await self.fleet.publish_change()
+            await self.fleet.publish_change(marker)
 
     async def close(self) -> None:
-        await self.database.dispose()
-        if self.fleet is not None:
-            await self.fleet.close()
+        """Close the database's connections and Redis's."""
+        try:
+            await self.database.dispose()
+        finally:
+            if self.fleet is not None:
+                await self.fleet.close()
 
 
-def changes_channel(ctx: Context) -> str:
+def notify_channel(ctx: Context) -> str:
     """The PostgreSQL NOTIFY channel of the gateway's database: gateways on other schemas of one PostgreSQL
     database (each has its own id) hear only their own changes."""
     return f"credgate_changes_{ctx.database.database_id or 'new'}"

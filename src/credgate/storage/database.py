@@ -11,7 +11,7 @@ import asyncio
 import logging
 import os
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import asynccontextmanager, contextmanager, suppress
 from pathlib import Path
 from typing import Any, NoReturn
 from urllib.parse import quote
@@ -19,7 +19,8 @@ from urllib.parse import quote
 from sqlalchemy import URL, Connection, event, inspect, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import InterfaceError, OperationalError, SQLAlchemyError
-from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
+from sqlalchemy.pool import NullPool
 
 from credgate.errors import StartupError
 from credgate.storage.repository import Repository
@@ -69,6 +70,7 @@ class Database:
                 database=f"file:{quote(str(self.file))}", query={**parsed.query, "mode": "rw", "uri": "true"}
             )
         bounds: dict[str, Any] = {}
+        self._url, self._connect_args = parsed, dict(connect_args or {})
         if parsed.get_backend_name() == "postgresql" and parsed.get_driver_name() == "asyncpg":
             bounds = {"timeout": PG_CONNECT_TIMEOUT_SECONDS, "command_timeout": PG_COMMAND_TIMEOUT_SECONDS}
         engine_options: dict[str, Any] = {} if self.is_sqlite else {"pool_timeout": POOL_TIMEOUT_SECONDS}
@@ -135,7 +137,7 @@ class Database:
         if self.file is not None and _identity_of(self.file) is None:
             _create_private_file(self.file)
         with _unavailable_on_failure():
-            async with self.engine.begin() as connection:
+            async with self._unbounded() as engine, engine.begin() as connection:
                 if connection.dialect.name == "postgresql":
                     await connection.execute(text(f"SELECT pg_advisory_xact_lock({_PG_MIGRATION_LOCK})"))
                 await connection.run_sync(_upgrade)
@@ -143,7 +145,7 @@ class Database:
     async def claim_identity(self, candidate: str) -> str:
         """The database's id: the one it has, else `candidate`, stored now. The engine then serves only it."""
         with _unavailable_on_failure():
-            async with self.engine.connect() as connection:
+            async with self._unbounded() as engine, engine.connect() as connection:
                 await connection.execution_options(**{_WRITE_OPTION: True})
                 async with connection.begin():
                     if connection.dialect.name == "postgresql":
@@ -159,12 +161,30 @@ class Database:
     async def dispose(self) -> None:
         await self.engine.dispose()
 
+    @asynccontextmanager
+    async def _unbounded(self) -> AsyncIterator[AsyncEngine]:
+        """The engine for start-up's steps, which may wait on another instance's migration or run a long one:
+        on PostgreSQL one of their own, with no bound on a statement's time; else the engine."""
+        if self.is_sqlite:
+            yield self.engine
+            return
+        engine = create_async_engine(
+            self._url, connect_args={**self._connect_args, "command_timeout": None}, poolclass=NullPool
+        )
+        try:
+            yield engine
+        finally:
+            await engine.dispose()
+
     @property
     def can_notify(self) -> bool:
         return self.engine.dialect.name == "postgresql"
 
-    async def listen(self, channel: str, on_notice: Callable[[], None], *, check_seconds: float = 5.0) -> None:
-        """Call `on_notice` for every notice on `channel` (PostgreSQL's LISTEN) on a connection of its own, until
+    async def listen(
+        self, channel: str, on_notice: Callable[[str | None], None], *, check_seconds: float = 5.0
+    ) -> None:
+        """Call `on_notice` with the payload of every notice on `channel` (PostgreSQL's LISTEN), and with None once
+        it listens, on a connection of its own, until
         cancelled or the connection fails (StorageUnavailable); checked every `check_seconds`, since a listening
         connection that silently died would hear nothing."""
         with _unavailable_on_failure():
@@ -173,15 +193,18 @@ class Database:
                 # open one for any statement.
                 driver: Any = (await connection.get_raw_connection()).driver_connection
 
-                def heard(*_: object) -> None:
-                    on_notice()
+                def heard(_connection: object, _pid: int, _channel: str, payload: str) -> None:
+                    on_notice(payload or None)
 
+                ended = asyncio.Event()
+                driver.add_termination_listener(lambda *_: ended.set())
                 await driver.add_listener(channel, heard)
                 try:
-                    on_notice()  # listening from now: whatever came before may not have been heard
+                    on_notice(None)  # listening from now: whatever came before may not have been heard
                     while True:
-                        await asyncio.sleep(check_seconds)
-                        await driver.execute("SELECT 1")
+                        with suppress(TimeoutError):
+                            await asyncio.wait_for(ended.wait(), check_seconds)
+                        await driver.execute("SELECT 1")  # raises if the connection ended
                 finally:
                     # Never back to the pool still listening.
                     await connection.invalidate()

@@ -70,11 +70,11 @@ class Repository:
     async def set_meta(self, name: str, value: str) -> None:
         await self._session.merge(Meta(name=name, value=value))
 
-    async def notify(self, channel: str) -> None:
-        """On PostgreSQL, a notice on `channel` to every listening connection, sent when (and only if) this
+    async def notify(self, channel: str, payload: str) -> None:
+        """On PostgreSQL, `payload` on `channel` to every listening connection, sent when (and only if) this
         transaction commits; nothing elsewhere."""
         if self._session.get_bind().dialect.name == "postgresql":
-            await self._session.execute(select(func.pg_notify(channel, "")))
+            await self._session.execute(select(func.pg_notify(channel, payload)))
 
     # projects and their tokens
 
