@@ -424,7 +424,8 @@ def build_catalogue_app(state: CatalogueUpstream) -> web.Application:
         if request.query.get("sse") != "1":
             return web.Response(
                 status=code,
-                body=gzip.compress(error_body(code) if code >= 400 else b'{"compressed": true}'),
+                # mtime fixed: the same body compressed in another second must be the same bytes
+                body=gzip.compress(error_body(code) if code >= 400 else b'{"compressed": true}', mtime=0),
                 headers={"Content-Encoding": "gzip", "Content-Type": "application/json"},
             )
         response = web.StreamResponse(
