@@ -20,6 +20,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from credgate import __version__
+from credgate.admin_api import metrics_router
 from credgate.admin_api import router as admin_api_router
 from credgate.config import Settings
 from credgate.error_responses import error_response, install_error_handlers
@@ -150,6 +151,7 @@ def create_app(
     control.state.runtime = runtime  # the admin API's, read through admin_api.routes.runtime_of
     install_error_handlers(control)
     control.include_router(admin_api_router)
+    control.include_router(metrics_router)
     control.mount("/admin", BuiltOnFirstUse(lambda: _panel(lambda: runtime.context)))
 
     @control.get("/healthz", include_in_schema=False)

@@ -11,8 +11,11 @@ it (see `run_workers`): each runs the whole gateway, attached to the database th
 
 import asyncio
 import logging
+import os
 import secrets
+import shutil
 import signal
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -23,6 +26,7 @@ from uvicorn.config import STARTUP_FAILURE
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.supervisors.multiprocess import Multiprocess
 
+from credgate import metrics
 from credgate.config import Settings
 from credgate.error_responses import ERROR_HEADER, error_body
 from credgate.errors import StartupError
@@ -214,10 +218,16 @@ def run_workers(settings: Settings, build: GatewayFactory, *, database_id: str) 
     config = WorkerConfig(settings, build, database_id)
     listener = config.bind_socket()
     supervisor = _Supervisor(config, sockets=[listener])
+    # The workers' metrics, summed by whichever worker answers /metrics: a folder of this run's own.
+    metrics_dir = None
+    if metrics.MULTIPROCESS_DIR not in os.environ:
+        metrics_dir = os.environ[metrics.MULTIPROCESS_DIR] = tempfile.mkdtemp(prefix="credgate-metrics-")
     try:
         supervisor.run()
     finally:
         listener.close()
+        if metrics_dir is not None:
+            shutil.rmtree(metrics_dir, ignore_errors=True)
     if any(worker.exitcode == STARTUP_FAILURE for worker in supervisor.processes):
         raise StartupError("a worker process could not start: see its error above")
 
@@ -306,6 +316,13 @@ class _Supervisor(Multiprocess):
             # one process), not left waiting in the backlog of a socket nobody accepts from any more.
             listener.close()
         super().terminate_all()
+
+    def keep_subprocess_alive(self) -> None:
+        before = {worker.pid for worker in self.processes}
+        super().keep_subprocess_alive()
+        for pid in before - {worker.pid for worker in self.processes}:
+            if pid is not None:
+                metrics.forget_process(pid)  # a replaced worker's gauges (requests in flight) no longer count
 
     def join_all(self) -> None:
         drain = self.config.timeout_graceful_shutdown or 0

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from credgate.config import Settings
 from credgate.services import admins, projects
@@ -238,3 +239,33 @@ async def test_a_killed_worker_is_replaced_and_sigterm_then_drains_every_worker_
     for pid in (survivor, replacement):
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+async def test_metrics_answered_by_any_worker_count_the_requests_of_every_worker(
+    served: Served, upstream: Upstream
+) -> None:
+    workers = await served.wait_for_workers(WORKERS)
+    project, admin_token = await add_project(served.gateway.log.parent / "data", upstream)
+    proxy = f"{served.gateway.url}/proxy/stand-in/echo/metrics"
+
+    def call(client: httpx.AsyncClient) -> Awaitable[httpx.Response]:
+        return client.get(proxy, headers={"authorization": f"Bearer {project.token}"})
+
+    by_worker = await served.on_every_worker(call, workers)
+    proxied = sum(len(answers) for answers in by_worker.values())
+
+    def metrics(client: httpx.AsyncClient) -> Awaitable[httpx.Response]:
+        return client.get(f"{served.gateway.url}/metrics", headers={"authorization": f"Bearer {admin_token}"})
+
+    answers = await served.on_every_worker(metrics, workers)
+    counted = {
+        worker: [
+            sample.value
+            for response in responses
+            for family in text_string_to_metric_families(response.text)
+            for sample in family.samples
+            if sample.name == "credgate_requests_total" and sample.labels["project"] == project.id
+        ]
+        for worker, responses in answers.items()
+    }
+    assert counted == {worker: [float(proxied)] * len(answers[worker]) for worker in workers}

@@ -7,6 +7,7 @@ from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from credgate import metrics
 from credgate.admin_api.schemas import (
     AuditEventOut,
     EndpointsIn,
@@ -64,6 +65,14 @@ class AuthenticatedRoute(APIRoute):
 
 
 router = APIRouter(prefix="/api/v1", route_class=AuthenticatedRoute, responses=ERROR_RESPONSES)
+# /metrics, outside /api/v1 where Prometheus looks for it; behind the admin token like the rest.
+metrics_router = APIRouter(route_class=AuthenticatedRoute, include_in_schema=False)
+
+
+@metrics_router.get("/metrics")
+async def prometheus_metrics() -> Response:
+    body, content_type = metrics.exposition()
+    return Response(body, media_type=content_type)
 
 
 class AdminRuntime(Protocol):

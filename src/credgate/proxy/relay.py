@@ -12,6 +12,7 @@ import aiohttp
 from starlette.types import Receive, Scope, Send
 from yarl import URL
 
+from credgate import metrics
 from credgate.config import Settings
 from credgate.crypto import Secret
 from credgate.errors import (
@@ -61,6 +62,7 @@ from credgate.specs import OAUTH2_METHODS, PROVIDER_NAME, AwsSigV4Auth, Endpoint
 from credgate.storage import StorageUnavailable
 
 logger = logging.getLogger(__name__)
+_IN_FLIGHT, _STREAMS_OPEN = metrics.in_flight, metrics.streams_open
 _VERIFY_TIMEOUT = aiohttp.ClientTimeout(total=15)
 UNAUTHORIZED_MESSAGE = "invalid project token or expired authentication"
 # RFC 6750: a 401 names the scheme the client should use.
@@ -123,10 +125,12 @@ class ProxyApp:
             await send_error(send, Unavailable(f"gateway overloaded; retry later (request id {request_id})"))
             return
         self.in_flight += 1
+        _IN_FLIGHT.inc()
         try:
             await self._serve(scope, receive, send)
         finally:
             self.in_flight -= 1
+            _IN_FLIGHT.dec()
 
     async def _serve(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = time.perf_counter()
@@ -149,6 +153,7 @@ class ProxyApp:
             method=scope["method"],
             provider=provider,
             endpoint=raw_endpoint,
+            started=started,
         )
         scope["state"]["proxied"] = record  # for the access line's fields
         try:
@@ -164,8 +169,13 @@ class ProxyApp:
             record.status = internal.status
             record.response_bytes = await send_error(send, internal)
         finally:
-            record.duration_ms = (time.perf_counter() - started) * 1000
+            duration = time.perf_counter() - started
+            record.duration_ms = duration * 1000
             self.recorder.record(record)
+            # Only a provider the project has set up is a label: a client may not make up label values.
+            label = provider if access.integration is not None else "-"
+            overhead = duration if record.overhead_ms is None else record.overhead_ms / 1000
+            metrics.request_served(access.project_id, label, record.status, duration, overhead)
 
     async def _authenticate(self, scope: Scope, provider: str) -> tuple[Access, str]:
         """The access the client's project token grants, and the token (which must go nowhere else)."""
@@ -249,6 +259,7 @@ class ProxyApp:
                 )
             elif not isinstance(data, bytes) and length is not None:
                 headers = [*headers, ("Content-Length", str(length))]
+            record.overhead_ms = (time.perf_counter() - record.started) * 1000
             with self.deadlines.within(integration.timeout_seconds):
                 response = await self.upstreams.session_for(integration.private_networks).request(
                     plan.method, URL(plan.url, encoded=True), headers=headers, data=data, allow_redirects=False
@@ -274,9 +285,12 @@ class ProxyApp:
                 record.status = 499  # the client left before its request was complete
                 return
             if isinstance(error, TimeoutError) and not isinstance(error, aiohttp.ConnectionTimeoutError):
+                metrics.upstream_failures.labels(integration.provider, "timeout").inc()
                 raise GatewayTimeout(f"{integration.provider} did not answer in time") from None
             if isinstance(getattr(error, "os_error", None), NonPublicAddress):
+                metrics.upstream_failures.labels(integration.provider, "not_public").inc()
                 raise _not_public(integration.provider) from None
+            metrics.upstream_failures.labels(integration.provider, "unreachable").inc()
             logger.warning(
                 "upstream %s unreachable for request %s: %s",
                 integration.provider,
@@ -368,12 +382,32 @@ class ProxyApp:
         query_secrets: tuple[str, ...],
         idle_seconds: float,
     ) -> None:
+        head_at = time.perf_counter()
         headers = response_headers(response.raw_headers, secrets=query_secrets)
         content_type = response.headers.get("Content-Type", "")
         if content_type.startswith("text/event-stream") and "X-Accel-Buffering" not in response.headers:
             headers.append((b"x-accel-buffering", b"no"))  # so a front proxy does not hold events back
         record.start_response(response.status, content_type, response.headers.get("Content-Encoding", ""))
         await send({"type": "http.response.start", "status": response.status, "headers": headers})
+        if record.overhead_ms is not None:
+            record.overhead_ms += (time.perf_counter() - head_at) * 1000
+        streaming = content_type.startswith("text/event-stream")
+        if streaming:
+            _STREAMS_OPEN.inc()
+        try:
+            await self._relay_body(response, send, record, watch, idle_seconds)
+        finally:
+            if streaming:
+                _STREAMS_OPEN.dec()
+
+    async def _relay_body(
+        self,
+        response: aiohttp.ClientResponse,
+        send: Send,
+        record: ProxiedRequest,
+        watch: ClientWatch,
+        idle_seconds: float,
+    ) -> None:
         content = response.content
         try:
             while True:

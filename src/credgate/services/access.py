@@ -13,6 +13,7 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
+from credgate import metrics
 from credgate.crypto import hash_token
 from credgate.netguard import PrivateNetworks
 from credgate.outages import Outage
@@ -30,6 +31,7 @@ LOOKUP_TIMEOUT_SECONDS = 5.0
 POLL_TIMEOUT_SECONDS = 2.0
 
 logger = logging.getLogger(__name__)
+_HITS, _MISSES = metrics.access_lookups.labels("hit"), metrics.access_lookups.labels("miss")
 _auth_adapter: TypeAdapter[AuthSpec] = TypeAdapter(AuthSpec)
 _endpoints_adapter = TypeAdapter(tuple[Endpoint, ...])
 
@@ -75,8 +77,12 @@ async def resolve_access(ctx: Context, *, token: str, provider: str) -> Access |
         cached = await _shared_lookup(ctx, token_hash=token_hash, provider=provider)
     elif (cached := cache.entries.get(key)) is None:
         if token_hash in cache.unknown:
+            _HITS.inc()
             return None
+        _MISSES.inc()
         cached = await _shared_lookup(ctx, token_hash=token_hash, provider=provider)
+    else:
+        _HITS.inc()
     if not isinstance(cached, Access):
         return None
     if cached.token_expires_at is not None and cached.token_expires_at <= ctx.clock():

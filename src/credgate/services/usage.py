@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from credgate import metrics
 from credgate.errors import InvalidInput
 from credgate.limits import ListLimit, Moment, within
 from credgate.services.context import Context
@@ -48,6 +49,8 @@ class ProxiedRequest:
     head: list[bytes] = field(default_factory=list)
     tail: deque[bytes] = field(default_factory=lambda: deque(maxlen=16))
     counts_tokens: bool = False  # the response's type is one whose usage the recorder reads
+    started: float = 0.0  # time.perf_counter() when the request arrived
+    overhead_ms: float | None = None  # the gateway's own time, where an upstream was asked (the rest is waiting)
     kept: int = 0  # bytes in `head`
 
     def start_response(self, status: int, content_type: str, content_encoding: str) -> None:
@@ -137,6 +140,9 @@ def _record_of(request: ProxiedRequest) -> dict[str, object]:
     prompt, completion = extract_tokens(
         request.content_type, head, tail, content_encoding=request.content_encoding.lower()
     )
+    for kind, count in (("prompt", prompt), ("completion", completion)):
+        if count:
+            metrics.tokens_total.labels(request.project_id, request.provider, kind).inc(count)
     return dict(
         at=request.at,
         project_id=request.project_id,

@@ -1,0 +1,83 @@
+"""Prometheus metrics (README, Metrics), kept by each process and summed for `/metrics`.
+
+With several workers, prometheus-client's multiprocess mode sums every worker's values: `credgate serve
+--workers N` gives the workers a folder of their own in `PROMETHEUS_MULTIPROC_DIR` (which must be set before this
+module is first imported). Labels hold ids and names an admin chose, never a token, key, header or body.
+"""
+
+import os
+from typing import Any
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    multiprocess,
+)
+
+MULTIPROCESS_DIR = "PROMETHEUS_MULTIPROC_DIR"
+# From a fraction of a millisecond (the gateway's own time) to the minutes a long generation takes.
+_SECONDS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+
+requests_total = Counter(
+    "credgate_requests", "Proxied requests, by project id, provider and status.", ["project", "provider", "status"]
+)
+request_duration = Histogram(
+    "credgate_request_duration_seconds", "Proxied requests' time, to the last byte.", ["provider"], buckets=_SECONDS
+)
+overhead_duration = Histogram(
+    "credgate_overhead_duration_seconds",
+    "The time credgate itself adds to a proxied request: before the upstream request and from the upstream's "
+    "response head to the client's (all of it when no upstream was asked).",
+    buckets=_SECONDS[:10],
+)
+tokens_total = Counter(
+    "credgate_tokens", "Tokens the providers reported, by kind (prompt or completion).", ["project", "provider", "kind"]
+)
+in_flight = Gauge("credgate_in_flight_requests", "Proxied requests being served.", multiprocess_mode="livesum")
+streams_open = Gauge("credgate_sse_streams_open", "Event streams being relayed.", multiprocess_mode="livesum")
+upstream_failures = Counter(
+    "credgate_upstream_failures",
+    "Upstreams not reached, by kind: unreachable, timeout, not_public.",
+    ["provider", "kind"],
+)
+access_lookups = Counter("credgate_access_lookups", "Token lookups, by result: hit (memory) or miss.", ["result"])
+
+
+def exposition() -> tuple[bytes, str]:
+    """The metrics in Prometheus's text format (every worker's, summed), and its content type."""
+    if MULTIPROCESS_DIR in os.environ:
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+        return generate_latest(registry), CONTENT_TYPE_LATEST
+    return generate_latest(REGISTRY), CONTENT_TYPE_LATEST
+
+
+def forget_process(pid: int) -> None:
+    """Drop a worker that died from the live gauges (its counters stay: what it served was served)."""
+    if MULTIPROCESS_DIR in os.environ:
+        multiprocess.mark_process_dead(pid)  # type: ignore[no-untyped-call]
+
+
+_by_request: dict[tuple[str, str, int], tuple[Any, Any]] = {}
+
+
+def request_served(project_id: str, provider: str, status: int, duration: float, overhead: float) -> None:
+    """Count one proxied request. The labelled series are looked up once per (project, provider, status), not
+    once a request: prometheus-client's own look-up costs more than the counting."""
+    key = (project_id, provider, status)
+    series = _by_request.get(key)
+    if series is None:
+        if len(_by_request) >= 10_000:
+            _by_request.clear()  # bounded: a look-up again, never a lost count
+        series = _by_request[key] = (
+            requests_total.labels(project_id, provider, str(status)),
+            request_duration.labels(provider),
+        )
+    series[0].inc()
+    series[1].observe(duration)
+    overhead_duration.observe(overhead)
