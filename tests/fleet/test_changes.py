@@ -13,7 +13,7 @@ import pytest
 from credgate.errors import StartupError
 from credgate.fleet import Fleet, open_fleet
 from credgate.fleet.fleet import RETRY_SECONDS
-from tests.redis_server import private_redis, shared_redis_url, unique_namespace
+from tests.redis_server import PrivateRedis, private_redis, shared_redis_url, unique_namespace
 
 # The measurements, for `pytest tests/fleet -o log_cli=true --log-cli-level=INFO`.
 logger = logging.getLogger(__name__)
@@ -46,6 +46,27 @@ async def following(fleet: Fleet, on_change: Callable[[str | None], None]) -> As
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+@contextlib.asynccontextmanager
+async def subscribed(redis: PrivateRedis) -> AsyncIterator[tuple[Fleet, Heard]]:
+    """A publisher, and what a follower (subscribed by then) hears, on the private Redis."""
+    namespace = unique_namespace()
+    follower, publisher = open_fleet(redis.url, namespace=namespace), open_fleet(redis.url, namespace=namespace)
+    heard = Heard()
+    try:
+        async with following(follower, heard):
+            await heard.next(5)
+            yield publisher, heard
+    finally:
+        await follower.close()
+        await publisher.close()
+
+
+async def publish_and_hear(publisher: Fleet, heard: Heard) -> None:
+    sent = time.perf_counter()
+    await publisher.publish_change("m1")
+    assert await heard.next(1) - sent < 0.1
 
 
 async def test_every_follower_hears_a_change_within_100_ms() -> None:
@@ -92,23 +113,13 @@ async def test_a_follower_survives_redis_going_away_and_counts_its_return_as_a_c
 ) -> None:
     caplog.set_level(logging.WARNING, logger="credgate.fleet")
     with private_redis(tmp_path) as redis:
-        namespace = unique_namespace()
-        follower, publisher = open_fleet(redis.url, namespace=namespace), open_fleet(redis.url, namespace=namespace)
-        heard = Heard()
-        try:
-            async with following(follower, heard):
-                await heard.next(5)
-                redis.stop()
-                await publisher.publish_change("m1")  # never raises: polling the database carries the change
-                await publisher.publish_change("m1")
-                redis.start()
-                await heard.next(RETRY_SECONDS + 5)  # resubscribed: whatever was missed counts as changed
-                sent = time.perf_counter()
-                await publisher.publish_change("m1")
-                assert await heard.next(1) - sent < 0.1
-        finally:
-            await follower.close()
-            await publisher.close()
+        async with subscribed(redis) as (publisher, heard):
+            redis.stop()
+            await publisher.publish_change("m1")  # never raises: polling the database carries the change
+            await publisher.publish_change("m1")
+            redis.start()
+            await heard.next(RETRY_SECONDS + 5)  # resubscribed: whatever was missed counts as changed
+            await publish_and_hear(publisher, heard)
     messages = [record.getMessage() for record in caplog.records]
     assert (
         messages.count("could not publish a change through Redis (ConnectionError): other instances find it by polling")
@@ -130,20 +141,10 @@ async def test_a_follower_whose_redis_hangs_notices_within_seconds_and_resubscri
     """A connection that stays open but silent (a stopped server, a partition) is found out by a ping."""
     caplog.set_level(logging.WARNING, logger="credgate.fleet")
     with private_redis(tmp_path) as redis:
-        namespace = unique_namespace()
-        follower, publisher = open_fleet(redis.url, namespace=namespace), open_fleet(redis.url, namespace=namespace)
-        heard = Heard()
-        try:
-            async with following(follower, heard):
-                await heard.next(5)
-                redis.pause()
-                await asyncio.sleep(3.5)  # a second without a notice, a second for the ping's answer, and slack
-                assert any(r.getMessage().startswith("lost the change notices from Redis") for r in caplog.records)
-                redis.resume()
-                await heard.next(RETRY_SECONDS + 5)  # resubscribed
-                sent = time.perf_counter()
-                await publisher.publish_change("m1")
-                assert await heard.next(1) - sent < 0.1
-        finally:
-            await follower.close()
-            await publisher.close()
+        async with subscribed(redis) as (publisher, heard):
+            redis.pause()
+            await asyncio.sleep(3.5)  # a second without a notice, a second for the ping's answer, and slack
+            assert any(r.getMessage().startswith("lost the change notices from Redis") for r in caplog.records)
+            redis.resume()
+            await heard.next(RETRY_SECONDS + 5)  # resubscribed
+            await publish_and_hear(publisher, heard)
