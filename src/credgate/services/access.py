@@ -149,7 +149,7 @@ async def watch_database(ctx: Context, *, interval: float, stale_seconds: float)
         back="the database answers again",
     )
     while True:
-        started = time.monotonic()
+        started, generation = time.monotonic(), cache.generation
         read = asyncio.ensure_future(_read_marker(ctx))
         try:
             done, _ = await asyncio.wait({read}, timeout=POLL_TIMEOUT_SECONDS)
@@ -169,7 +169,9 @@ async def watch_database(ctx: Context, *, interval: float, stale_seconds: float)
         else:
             confirmed = started
             outage.answered()
-            if marker != cache.marker:  # the first read too: what was cached before it may predate a change
+            # The first read too: what was cached before it may predate a change. But a read that a clearing
+            # overtook may have read the marker before that change: the next poll judges, not this one.
+            if marker != cache.marker and cache.generation == generation:
                 cache.invalidate(marker)
             cache.stale_after = None
         await asyncio.sleep(interval)
