@@ -31,6 +31,14 @@ def redis(tmp_path: Path) -> Iterator[PrivateRedis]:
         yield server
 
 
+@pytest.fixture
+async def private(redis: PrivateRedis) -> AsyncIterator[tuple[Fleet, SharedRateLimiter]]:
+    """A process's connection to the private Redis, and its shared limiter."""
+    fleet = open_fleet(redis.url, namespace=unique_namespace())
+    yield fleet, SharedRateLimiter(fleet, RateLimiter())
+    await fleet.close()
+
+
 async def script_calls(fleet: Fleet) -> int:
     stats = await fleet.redis.info("commandstats")
     return sum(int(stats.get(f"cmdstat_{name}", {}).get("calls", 0)) for name in ("evalsha", "eval"))
@@ -70,31 +78,27 @@ async def test_the_shared_count_refills_like_the_local_bucket(fleets: list[Fleet
 
 
 async def test_without_redis_requests_are_counted_per_process_logged_once_and_shared_again_when_it_is_back(
-    redis: PrivateRedis, caplog: pytest.LogCaptureFixture
+    redis: PrivateRedis, private: tuple[Fleet, SharedRateLimiter], caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING, logger="credgate.fleet")
-    fleet = open_fleet(redis.url, namespace=unique_namespace())
-    limiter = SharedRateLimiter(fleet, RateLimiter())
-    try:
-        assert await limiter.check("p1", 5) == 0
-        redis.stop()
-        # Never an exception, never a wait for Redis: the local bucket (full, as it has seen nothing) decides.
-        waits = [await limiter.check("p1", 5) for _ in range(6)]
-        assert waits[:5] == [0.0] * 5
-        assert waits[5] > 0
-        assert [r.getMessage() for r in caplog.records].count(
-            "Redis does not answer (ConnectionError): rate limits are counted per process until it does"
-        ) == 1
+    fleet, limiter = private
+    assert await limiter.check("p1", 5) == 0
+    redis.stop()
+    # Never an exception, never a wait for Redis: the local bucket (full, as it has seen nothing) decides.
+    waits = [await limiter.check("p1", 5) for _ in range(6)]
+    assert waits[:5] == [0.0] * 5
+    assert waits[5] > 0
+    assert [r.getMessage() for r in caplog.records].count(
+        "Redis does not answer (ConnectionError): rate limits are counted per process until it does"
+    ) == 1
 
-        redis.start()  # empty: the shared count starts again
-        await asyncio.sleep(RETRY_SECONDS + 0.1)
-        waits = [await limiter.check("p1", 5) for _ in range(6)]
-        assert waits[:5] == [0.0] * 5
-        assert waits[5] > 0
-        assert await fleet.redis.exists(fleet.key("rate", "p1")) == 1
-        assert "Redis answers again: rate limits are shared again" in caplog.text
-    finally:
-        await fleet.close()
+    redis.start()  # empty: the shared count starts again
+    await asyncio.sleep(RETRY_SECONDS + 0.1)
+    waits = [await limiter.check("p1", 5) for _ in range(6)]
+    assert waits[:5] == [0.0] * 5
+    assert waits[5] > 0
+    assert await fleet.redis.exists(fleet.key("rate", "p1")) == 1
+    assert "Redis answers again: rate limits are shared again" in caplog.text
 
 
 async def test_a_redis_that_accepts_but_never_answers_costs_a_request_at_most_the_answer_timeout(
@@ -122,25 +126,22 @@ async def test_a_redis_that_accepts_but_never_answers_costs_a_request_at_most_th
         await server.wait_closed()
 
 
-async def test_the_checks_of_one_turn_share_one_round_trip_and_each_still_counts(redis: PrivateRedis) -> None:
-    fleet = open_fleet(redis.url, namespace=unique_namespace())
-    limiter = SharedRateLimiter(fleet, RateLimiter())
-    try:
-        assert await limiter.check("warm", 10) == 0  # the script loaded, a connection open
-        before = await script_calls(fleet)
-        waits = await asyncio.gather(*(limiter.check(f"p{turn % 2}", 30) for turn in range(100)))
-        assert await script_calls(fleet) - before == 1  # not a hundred
-        assert sum(1 for wait in waits if wait == 0) == 60  # 30 for each project, counted in order
-    finally:
-        await fleet.close()
+async def test_the_checks_of_one_turn_share_one_round_trip_and_each_still_counts(
+    private: tuple[Fleet, SharedRateLimiter],
+) -> None:
+    fleet, limiter = private
+    assert await limiter.check("warm", 10) == 0  # the script loaded, a connection open
+    before = await script_calls(fleet)
+    waits = await asyncio.gather(*(limiter.check(f"p{turn % 2}", 30) for turn in range(100)))
+    assert await script_calls(fleet) - before == 1  # not a hundred
+    assert sum(1 for wait in waits if wait == 0) == 60  # 30 for each project, counted in order
 
 
 async def test_a_redis_that_hangs_costs_one_wait_a_second_not_one_a_request(
-    redis: PrivateRedis, caplog: pytest.LogCaptureFixture
+    redis: PrivateRedis, private: tuple[Fleet, SharedRateLimiter], caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING, logger="credgate.fleet")
-    fleet = open_fleet(redis.url, namespace=unique_namespace())
-    limiter = SharedRateLimiter(fleet, RateLimiter())
+    _, limiter = private
     loop = asyncio.get_running_loop()
     took: list[float] = []
     try:
@@ -154,7 +155,6 @@ async def test_a_redis_that_hangs_costs_one_wait_a_second_not_one_a_request(
             await asyncio.sleep(0.01)
     finally:
         redis.resume()
-        await fleet.close()
     slow = [seconds for seconds in took if seconds > 0.5]
     assert len(took) > 50
     assert len(slow) <= 5, slow  # the first, then one probe a second
