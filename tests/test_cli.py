@@ -147,6 +147,22 @@ def test_wrong_master_key_exits_5_and_says_why(credgate: Any) -> None:
     assert "master key does not match" in result.output
 
 
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"CREDGATE_ADMIN_HOST": "127.0.0.1"}, "CREDGATE_ADMIN_HOST is set without CREDGATE_ADMIN_PORT"),
+        ({"CREDGATE_ADMIN_PORT": "0"}, "admin_port: Input should be greater than or equal to 1"),
+        ({"CREDGATE_PORT": "18080", "CREDGATE_ADMIN_PORT": "18080"}, "the admin listener needs a port of its own"),
+    ],
+)
+def test_serve_refuses_an_admin_listener_it_cannot_have_and_says_why(
+    credgate: Any, env: dict[str, str], message: str
+) -> None:
+    result = credgate("serve", extra_env=env)
+    assert result.exit_code == 5
+    assert message in result.output
+
+
 def test_master_key_rotate_reseals(credgate: Any, tmp_path: Path) -> None:
     project = project_id(credgate)
     credgate(

@@ -1,7 +1,8 @@
 """create_app(): the one place where the gateway is assembled: control app, proxy, lifespan, errors.
 
 `/proxy/…` goes to the data plane without passing through the control app's routing and middleware;
-everything else (admin API, panel, health) goes to the FastAPI control app.
+everything else (admin API, panel, health) goes to the FastAPI control app. With an admin listener configured,
+the main listener serves only the proxy and health, and the admin listener everything but the proxy.
 """
 
 import asyncio
@@ -20,7 +21,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from credgate import __version__
-from credgate.admin_api import metrics_router
+from credgate.admin_api import metrics_router, open_metrics_router
 from credgate.admin_api import router as admin_api_router
 from credgate.config import Settings
 from credgate.error_responses import error_response, install_error_handlers
@@ -35,6 +36,8 @@ logger = logging.getLogger("credgate.access")
 REQUEST_ID_HEADER = b"x-request-id"
 CREDGATE_REQUEST_ID_HEADER = b"x-credgate-request-id"
 _READY_TIMEOUT_SECONDS = 2.0
+_HEALTH_PATHS = frozenset({b"/healthz", b"/readyz"})
+_NOT_FOUND = error_response(404, "not found")
 
 
 class Gateway:
@@ -48,6 +51,8 @@ class Gateway:
         trusted = os.environ.get("FORWARDED_ALLOW_IPS", "127.0.0.1,::1")
         self._control_plane: ASGIApp = ProxyHeadersMiddleware(control, trusted_hosts=trusted)  # type: ignore[arg-type,assignment]
         self._json_logs = runtime.settings.log_format == "json"
+        admin_listener = runtime.settings.admin_listener
+        self._admin_port = None if admin_listener is None else admin_listener[1]
 
     @property
     def proxy(self) -> ProxyApp | None:
@@ -80,8 +85,7 @@ class Gateway:
 
         # Routed and logged on the path as received: the decoded one may hide a `/proxy/` or a line break.
         raw_path: bytes = scope.get("raw_path") or scope["path"].encode()
-        proxy = self.runtime.proxy
-        app = proxy if proxy is not None and raw_path.startswith(b"/proxy/") else self._control_plane
+        app = self._plane(scope, raw_path)
         try:
             await app(scope, receive, send_with_id)
         finally:
@@ -91,6 +95,19 @@ class Gateway:
             logger.info(
                 "%s %s %d %.1fms %s", scope["method"], path, status, duration_ms, request_id, extra={"http": fields}
             )
+
+    def _plane(self, scope: Scope, raw_path: bytes) -> ASGIApp:
+        proxy = self.runtime.proxy
+        proxied = raw_path.startswith(b"/proxy/")
+        if self._admin_port is None:
+            return proxy if proxied and proxy is not None else self._control_plane
+        # Which listener took the connection: its own address, as the server reports it (never a client's header).
+        on_admin_listener = scope["server"] is not None and scope["server"][1] == self._admin_port
+        if on_admin_listener:
+            return _NOT_FOUND if proxied else self._control_plane
+        if proxied:
+            return proxy if proxy is not None else self._control_plane
+        return self._control_plane if raw_path in _HEALTH_PATHS else _NOT_FOUND
 
 
 def _access_fields(method: str, path: str, status: int, duration_ms: float, state: dict[str, Any]) -> dict[str, Any]:
@@ -151,7 +168,8 @@ def create_app(
     control.state.runtime = runtime  # the admin API's, read through admin_api.routes.runtime_of
     install_error_handlers(control)
     control.include_router(admin_api_router)
-    control.include_router(metrics_router)
+    # On an admin listener of its own, /metrics is open as Prometheus expects; on the one listener, it is admin-only.
+    control.include_router(open_metrics_router if settings.admin_listener else metrics_router)
     control.mount("/admin", BuiltOnFirstUse(lambda: _panel(lambda: runtime.context)))
 
     @control.get("/healthz", include_in_schema=False)

@@ -54,7 +54,7 @@ from credgate.limits import (
     parse_float,
     parse_int,
 )
-from credgate.server import configure_logging, exit_zero_on_sigterm, run_workers, server_config
+from credgate.server import bind_listeners, configure_logging, exit_zero_on_sigterm, run_workers, server_config
 from credgate.services import admins, audit, integrations, master_keys, panel_sessions, projects, usage
 from credgate.services.bootstrap import open_context
 from credgate.services.context import Context
@@ -163,14 +163,19 @@ def serve(settings: Settings, host: str | None, port: int | None, workers: int |
     configure_logging(settings)
 
     async def run_server() -> None:
-        ctx = await _open_and_announce(settings)
-        server = uvicorn.Server(server_config(create_app(settings, context=ctx), settings))
-        exit_zero_on_sigterm()
-        asyncio.get_running_loop().call_later(1.0, gc.freeze)  # start-up objects out of the collector's way
+        listeners = bind_listeners(settings)
         try:
-            await server.serve()
+            ctx = await _open_and_announce(settings)
+            server = uvicorn.Server(server_config(create_app(settings, context=ctx), settings))
+            exit_zero_on_sigterm()
+            asyncio.get_running_loop().call_later(1.0, gc.freeze)  # start-up objects out of the collector's way
+            try:
+                await server.serve(sockets=listeners)
+            finally:
+                await ctx.close()
         finally:
-            await ctx.close()
+            for listener in listeners:
+                listener.close()
 
     async def prepare_workers() -> str:
         """Migrations, the identity check and first-run setup happen here, once, before any worker starts."""
@@ -194,10 +199,14 @@ async def _open_and_announce(settings: Settings) -> Context:
     ctx = await open_context(settings)
     try:
         base = f"http://{settings.host}:{settings.port}"
+        admin_listener = settings.admin_listener
+        admin_base = base if admin_listener is None else f"http://{admin_listener[0]}:{admin_listener[1]}"
         click.echo(f"credgate is serving at {base}")
         click.echo(f"  proxy:     {base}/proxy/<provider>/<endpoint>")
-        click.echo(f"  panel:     {base}/admin")
-        click.echo(f"  admin API: {base}/api/v1 (create an admin token with: credgate admin create-token)")
+        click.echo(f"  panel:     {admin_base}/admin")
+        click.echo(f"  admin API: {admin_base}/api/v1 (create an admin token with: credgate admin create-token)")
+        if admin_listener is not None:
+            click.echo(f"  metrics:   {admin_base}/metrics (the admin listener only)")
         if settings.workers > 1:
             click.echo(f"  workers:   {settings.workers} processes")
         if settings.allow_private_upstreams:
@@ -211,9 +220,8 @@ async def _open_and_announce(settings: Settings) -> Context:
         setup_token = await panel_sessions.issue_setup_token(ctx)
         if setup_token is not None:
             # Deliberately on the operator's terminal only (never logged): it works once, until an admin exists.
-            click.echo(
-                f"\nNo admin exists yet. Create the first one, once, at:\n  {base}/admin/setup?token={setup_token}\n"
-            )
+            setup_link = f"{admin_base}/admin/setup?token={setup_token}"
+            click.echo(f"\nNo admin exists yet. Create the first one, once, at:\n  {setup_link}\n")
     except BaseException:
         await ctx.close()
         raise

@@ -3,7 +3,7 @@
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DATABASE_FILE_NAME = "credgate.db"
@@ -21,6 +21,9 @@ class Settings(BaseSettings):
     master_key: SecretStr | None = None
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=0, le=65535)
+    # A second listener for the admin API, the panel and /metrics; the main one then serves the proxy and health only.
+    admin_host: str | None = None
+    admin_port: int | None = Field(default=None, ge=1, le=65535)
     # `credgate serve` processes sharing the listening socket: about one per core (README, Running several workers).
     workers: int = Field(default=1, ge=1, le=MAX_WORKERS)
     allow_private_upstreams: bool = False
@@ -44,6 +47,20 @@ class Settings(BaseSettings):
     log_format: Literal["text", "json"] = "text"
     # How long the request log keeps a proxied request (bodies are never kept).
     request_log_days: int = Field(default=30, ge=1)
+
+    @model_validator(mode="after")
+    def _admin_listener_has_a_port(self) -> "Settings":
+        if self.admin_host is not None and self.admin_port is None:
+            raise ValueError("CREDGATE_ADMIN_HOST is set without CREDGATE_ADMIN_PORT: set the admin listener's port")
+        return self
+
+    @property
+    def admin_listener(self) -> tuple[str, int] | None:
+        """Where the admin API, panel and metrics listen when they have a listener of their own (loopback unless
+        CREDGATE_ADMIN_HOST says otherwise)."""
+        if self.admin_port is None:
+            return None
+        return (self.admin_host or "127.0.0.1", self.admin_port)
 
     @property
     def resolved_database_url(self) -> str:

@@ -15,6 +15,7 @@ import os
 import secrets
 import shutil
 import signal
+import socket
 import tempfile
 import time
 from collections.abc import Callable
@@ -211,13 +212,33 @@ def _options(settings: Settings) -> dict[str, Any]:
     }
 
 
+def bind_listeners(settings: Settings) -> list[socket.socket]:
+    """The main listening socket, and the admin listener's when one is configured (StartupError if it cannot be)."""
+    admin = settings.admin_listener
+    if admin is not None and admin[1] == settings.port:
+        raise StartupError(f"the admin listener needs a port of its own: port {settings.port} is the main listener's")
+    return [_bind(settings.host, settings.port), *([] if admin is None else [_bind(*admin)])]
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listener.bind((host, port))
+    except OSError as error:
+        listener.close()
+        raise StartupError(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
+    listener.set_inheritable(True)  # the worker processes serve on it
+    return listener
+
+
 def run_workers(settings: Settings, build: GatewayFactory, *, database_id: str) -> None:
     """Serve with `settings.workers` processes on one socket, bound here, once the caller has opened, checked and
     migrated database `database_id`. A worker that dies is replaced; SIGTERM or SIGINT drains every worker and
     returns. StartupError when a worker could not start (the supervisor then stops them all)."""
     config = WorkerConfig(settings, build, database_id)
-    listener = config.bind_socket()
-    supervisor = _Supervisor(config, sockets=[listener])
+    listeners = bind_listeners(settings)
+    supervisor = _Supervisor(config, sockets=listeners)
     # The workers' metrics, summed by whichever worker answers /metrics: a folder of this run's own.
     metrics_dir = None
     if metrics.MULTIPROCESS_DIR not in os.environ:
@@ -225,7 +246,8 @@ def run_workers(settings: Settings, build: GatewayFactory, *, database_id: str) 
     try:
         supervisor.run()
     finally:
-        listener.close()
+        for listener in listeners:
+            listener.close()
         if metrics_dir is not None:
             shutil.rmtree(metrics_dir, ignore_errors=True)
     if any(worker.exitcode == STARTUP_FAILURE for worker in supervisor.processes):

@@ -65,11 +65,14 @@ class AuthenticatedRoute(APIRoute):
 
 
 router = APIRouter(prefix="/api/v1", route_class=AuthenticatedRoute, responses=ERROR_RESPONSES)
-# /metrics, outside /api/v1 where Prometheus looks for it; behind the admin token like the rest.
+# /metrics, outside /api/v1 where Prometheus looks for it: behind the admin token like the rest, or open where
+# only the admin listener serves it.
 metrics_router = APIRouter(route_class=AuthenticatedRoute, include_in_schema=False)
+open_metrics_router = APIRouter(include_in_schema=False)
 
 
 @metrics_router.get("/metrics")
+@open_metrics_router.get("/metrics")
 async def prometheus_metrics() -> Response:
     body, content_type = metrics.exposition()
     return Response(body, media_type=content_type)
