@@ -60,6 +60,7 @@ from credgate.services.bootstrap import open_context
 from credgate.services.context import Context
 from credgate.specs import AuthSpec, Endpoint
 from credgate.storage.models import Integration
+from credgate.tracing import tracing_requested
 
 T = TypeVar("T")
 EXIT_CODES: dict[type[Exception], int] = {InvalidInput: 2, NotFound: 3, Conflict: 4, StartupError: 5}
@@ -186,6 +187,7 @@ def serve(settings: Settings, host: str | None, port: int | None, workers: int |
         return ctx.database.database_id
 
     try:
+        tracing_requested()  # the OTEL_* variables checked before anything starts (each worker opens its tracing)
         if settings.workers == 1:
             _run_loop(run_server())
         else:

@@ -22,6 +22,7 @@ from credgate.services.context import Context
 from credgate.services.usage import UsageRecorder
 from credgate.services.verification import Verification
 from credgate.specs import Endpoint
+from credgate.tracing import open_tracing
 
 ContextOpener = Callable[[Settings], Awaitable[Context]]
 """Opens the services' context at start: `bootstrap.open_context` (migrates, first-run setup) for one process,
@@ -64,12 +65,13 @@ class Runtime:
     async def running(self) -> AsyncIterator[None]:
         """Open the context and the proxy, with the tasks that keep them current, for the block; then close."""
         settings = self.settings
+        tracing = open_tracing()  # each worker exports its own spans
         ctx = self._given_context or await self._open_context(settings)
         session = self._given_session or create_http_session(allow_private_upstreams=settings.allow_private_upstreams)
         recorder = UsageRecorder(ctx, retention=timedelta(days=settings.request_log_days))
         shared = None if ctx.fleet is None else SharedRateLimiter(ctx.fleet, RateLimiter())
         rate_limits = shared or RateLimiter()
-        proxy = ProxyApp(ctx, settings, session, recorder, rate_limits=rate_limits)
+        proxy = ProxyApp(ctx, settings, session, recorder, rate_limits=rate_limits, tracing=tracing)
         self._context, self.proxy = ctx, proxy
         # The objects of start-up (modules, the ORM's and pydantic's) live as long as the process: out of the
         # collector's way, a full collection under load takes a fraction of the time.
@@ -93,6 +95,8 @@ class Runtime:
                 task.cancel()
             # Whatever a task ended with, the rest of the shutdown runs (a failure was logged where it happened).
             await asyncio.gather(*tasks, return_exceptions=True)
+            if tracing is not None:  # after the recorder's last flush, which ends the spans that waited for tokens
+                await asyncio.to_thread(tracing.shutdown)
             if shared is not None:
                 await shared.aclose()
             await proxy.upstreams.close()  # the sessions of integrations' exceptions, always the proxy's own

@@ -7,9 +7,10 @@ import asyncio
 import logging
 import time
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 import aiohttp
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 from yarl import URL
 
 from credgate import metrics
@@ -61,6 +62,9 @@ from credgate.services.verification import Verification, verdict
 from credgate.specs import OAUTH2_METHODS, PROVIDER_NAME, AwsSigV4Auth, Endpoint
 from credgate.storage import StorageUnavailable
 
+if TYPE_CHECKING:  # the SDK is loaded only when tracing is on
+    from credgate.tracing import RequestSpan, Tracing
+
 logger = logging.getLogger(__name__)
 _IN_FLIGHT, _STREAMS_OPEN = metrics.in_flight, metrics.streams_open
 _VERIFY_TIMEOUT = aiohttp.ClientTimeout(total=15)
@@ -95,10 +99,13 @@ class ProxyApp:
         recorder: UsageRecorder,
         *,
         rate_limits: RateLimits | None = None,
+        tracing: "Tracing | None" = None,
         max_in_flight: int = 1000,
     ) -> None:
-        """`rate_limits`: the fleet's shared counters where there are some; else this process counts alone."""
+        """`rate_limits`: the fleet's shared counters where there are some; else this process counts alone.
+        `tracing`: a span per request, when OpenTelemetry is configured."""
         self.ctx = ctx
+        self.tracing = tracing
         self.recorder = recorder
         self.max_request_bytes = settings.max_request_bytes
         self.max_in_flight = max_in_flight
@@ -127,12 +134,33 @@ class ProxyApp:
         self.in_flight += 1
         _IN_FLIGHT.inc()
         try:
-            await self._serve(scope, receive, send)
+            if self.tracing is None:
+                await self._serve(scope, receive, send, None)
+            else:
+                await self._serve_traced(scope, receive, send, self.tracing)
         finally:
             self.in_flight -= 1
             _IN_FLIGHT.dec()
 
-    async def _serve(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _serve_traced(self, scope: Scope, receive: Receive, send: Send, tracing: "Tracing") -> None:
+        raw_path: bytes = scope.get("raw_path") or scope["path"].encode()
+        span = tracing.start_request(scope["method"], raw_path.decode("latin-1"), scope["headers"])
+        status = 0
+
+        async def send_noting_status(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self._serve(scope, receive, send_noting_status, span)
+        finally:
+            record: ProxiedRequest | None = scope["state"].get("proxied")
+            tokens_to_come = record is not None and record.counts_tokens and record.on_tokens is not None
+            span.response_done(status or (record.status if record else 0), tokens_to_come=tokens_to_come)
+
+    async def _serve(self, scope: Scope, receive: Receive, send: Send, span: "RequestSpan | None") -> None:
         started = time.perf_counter()
         raw_path: bytes = scope.get("raw_path") or scope["path"].encode()
         provider, raw_endpoint = split_target(raw_path)
@@ -156,9 +184,16 @@ class ProxyApp:
             started=started,
         )
         scope["state"]["proxied"] = record  # for the access line's fields
+        # Only a provider the project has set up is a label: a client may not make up label values.
+        label = provider if access.integration is not None else "-"
+        if span is not None:
+            span.identify(
+                provider=label, project_id=access.project_id, request_id=record.request_id, endpoint=raw_endpoint
+            )
+            record.on_tokens = span.tokens_counted
         try:
             integration, credential, length = await self._authorize(scope, access, provider, raw_endpoint)
-            await self._relay(scope, receive, send, integration, credential, length, raw_endpoint, record, token)
+            await self._relay(scope, receive, send, integration, credential, length, raw_endpoint, record, token, span)
         except ServiceError as error:
             record.status = error.status
             record.response_bytes = await send_error(send, error)
@@ -172,8 +207,6 @@ class ProxyApp:
             duration = time.perf_counter() - started
             record.duration_ms = duration * 1000
             self.recorder.record(record)
-            # Only a provider the project has set up is a label: a client may not make up label values.
-            label = provider if access.integration is not None else "-"
             overhead = duration if record.overhead_ms is None else record.overhead_ms / 1000
             metrics.request_served(access.project_id, label, record.status, duration, overhead)
 
@@ -228,6 +261,7 @@ class ProxyApp:
         raw_endpoint: str,
         record: ProxiedRequest,
         client_token: str,
+        span: "RequestSpan | None",
     ) -> None:
         plan = await self._prepare(
             project_id=record.project_id,
@@ -260,9 +294,12 @@ class ProxyApp:
             elif not isinstance(data, bytes) and length is not None:
                 headers = [*headers, ("Content-Length", str(length))]
             record.overhead_ms = (time.perf_counter() - record.started) * 1000
+            url = URL(plan.url, encoded=True)
+            if span is not None:
+                span.start_upstream(plan.method, url.host or "", url.port)
             with self.deadlines.within(integration.timeout_seconds):
                 response = await self.upstreams.session_for(integration.private_networks).request(
-                    plan.method, URL(plan.url, encoded=True), headers=headers, data=data, allow_redirects=False
+                    plan.method, url, headers=headers, data=data, allow_redirects=False
                 )
         except asyncio.CancelledError:
             watch.stop()
@@ -285,12 +322,12 @@ class ProxyApp:
                 record.status = 499  # the client left before its request was complete
                 return
             if isinstance(error, TimeoutError) and not isinstance(error, aiohttp.ConnectionTimeoutError):
-                metrics.upstream_failures.labels(integration.provider, "timeout").inc()
+                self._upstream_failed(integration.provider, "timeout", span)
                 raise GatewayTimeout(f"{integration.provider} did not answer in time") from None
             if isinstance(getattr(error, "os_error", None), NonPublicAddress):
-                metrics.upstream_failures.labels(integration.provider, "not_public").inc()
+                self._upstream_failed(integration.provider, "not_public", span)
                 raise _not_public(integration.provider) from None
-            metrics.upstream_failures.labels(integration.provider, "unreachable").inc()
+            self._upstream_failed(integration.provider, "unreachable", span)
             logger.warning(
                 "upstream %s unreachable for request %s: %s",
                 integration.provider,
@@ -299,6 +336,8 @@ class ProxyApp:
             )
             raise BadGateway(f"{integration.provider} could not be reached") from None
         record.request_bytes = body.received
+        if span is not None:
+            span.upstream_answered(response.status)
         try:
             await self._stream_response(
                 response, send, record, watch, plan.query_secrets, integration.stream_idle_timeout_seconds
@@ -310,6 +349,12 @@ class ProxyApp:
         finally:
             watch.stop()
             response.release()  # or closes it, when its body was not read to the end
+
+    @staticmethod
+    def _upstream_failed(provider: str, kind: str, span: "RequestSpan | None") -> None:
+        metrics.upstream_failures.labels(provider, kind).inc()
+        if span is not None:
+            span.upstream_failed(kind)
 
     async def verify_key(self, *, project_id: str, integration: ResolvedIntegration, call: Endpoint) -> Verification:
         """The verification call of a key (a `KeyVerifier`): placed, guarded and bounded like any request."""

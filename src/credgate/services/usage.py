@@ -7,7 +7,7 @@ import logging
 import time
 import zlib
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -52,6 +52,8 @@ class ProxiedRequest:
     started: float = 0.0  # time.perf_counter() when the request arrived
     overhead_ms: float | None = None  # the gateway's own time, where an upstream was asked (the rest is waiting)
     kept: int = 0  # bytes in `head`
+    # Told the token counts once the recorder has read them (a trace's span waits for them to end).
+    on_tokens: Callable[[int | None, int | None], None] | None = None
 
     def start_response(self, status: int, content_type: str, content_encoding: str) -> None:
         self.status = status
@@ -143,6 +145,11 @@ def _record_of(request: ProxiedRequest) -> dict[str, object]:
     for kind, count in (("prompt", prompt), ("completion", completion)):
         if count:
             metrics.tokens_total.labels(request.project_id, request.provider, kind).inc(count)
+    if request.on_tokens is not None:
+        try:
+            request.on_tokens(prompt, completion)
+        except Exception:  # a listener's failure must not cost the batch its records
+            logger.exception("could not report the tokens of request %s", request.request_id)
     return dict(
         at=request.at,
         project_id=request.project_id,
