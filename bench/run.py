@@ -45,6 +45,8 @@ from harness import (
 )
 
 QUIET = "credgate 1 worker, no access log"
+UNOBSERVED = "credgate 1 worker, no access log, no metrics"
+TRACED = "credgate 1 worker, traces exported"
 SHARED_LIMIT = "credgate 1 worker, rate limit in Redis"
 REDIS_URL = "redis://127.0.0.1:6379/0"
 LUA = """wrk.method = "POST"
@@ -141,7 +143,11 @@ def main() -> None:
     serve = [str(BIN / "credgate"), "serve", "--port"]
     chat, sse = "/proxy/openai/chat/completions", "/proxy/openai/sse"
     bare_port, one_port, two_port, quiet_port = free_port(), free_port(), free_port(), free_port()
+    unobserved_port, traced_port = free_port(), free_port()
     quiet = {**env, "CREDGATE_LOG_LEVEL": "warning"}  # the same gateway without its access log
+    unobserved = [sys.executable, str(HERE / "unobserved_serve.py"), "serve", "--port", str(unobserved_port)]
+    # Every request traced and exported over OTLP/HTTP, to the stand-in upstream's /v1/traces.
+    traced = {**env, "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{upstream_port}"}
     bare = [sys.executable, str(HERE / "bare_proxy.py"), str(bare_port), f"http://127.0.0.1:{upstream_port}/v1"]
     systems = [
         System("direct", None, upstream_port, "/v1/chat/completions", "/v1/sse"),
@@ -149,6 +155,8 @@ def main() -> None:
         System("credgate 1 worker", pinned(GATEWAY_CORE, [*serve, str(one_port)]), one_port, chat, sse, env),
         System("credgate 2 workers", [*serve, str(two_port), "--workers", "2"], two_port, chat, sse, env),
         System(QUIET, pinned(GATEWAY_CORE, [*serve, str(quiet_port)]), quiet_port, chat, sse, quiet),
+        System(UNOBSERVED, pinned(GATEWAY_CORE, unobserved), unobserved_port, chat, sse, quiet),
+        System(TRACED, pinned(GATEWAY_CORE, [*serve, str(traced_port)]), traced_port, chat, sse, traced),
     ]
     redis = redis_pid()
     redis_cores = os.sched_getaffinity(redis) if redis is not None else set()
@@ -278,7 +286,18 @@ def render(
         + "; ".join(f"{name}: {', '.join(f'{value:.0f}' for value in values)}" for name, values in peaks.items()),
     ]
     log_cost = 1 - rps(one) / rps(QUIET)
+    observing_cost = 1 - rps(one) / rps(UNOBSERVED)
+    trace_cost = 1 - rps(TRACED) / rps(one)
     lines.append(f"- the access log costs {log_cost:.0%} of one worker's throughput at 64 connections")
+    lines.append(
+        f"- the access log and the metrics together cost {observing_cost:.0%} of it "
+        f"(goal ≤ 5%: {'met' if observing_cost <= 0.05 else 'not met'}); added latency at 1 connection "
+        f"{p50(one) - p50(UNOBSERVED):.2f} ms at p50"
+    )
+    lines.append(
+        f"- traces, every request exported over OTLP/HTTP, cost {trace_cost:.0%} of it and add "
+        f"{p50(TRACED) - p50(one):.2f} ms at p50 at 1 connection"
+    )
     if (SHARED_LIMIT, 64) in rows:
         limit_cost = 1 - rps(SHARED_LIMIT) / rps(one)
         lines.append(

@@ -1,6 +1,6 @@
 """A fast stand-in upstream for the benchmark: raw asyncio HTTP/1.1 with keep-alive, so that it is never the
 bottleneck. POST /v1/chat/completions answers a fixed OpenAI-style JSON; GET /v1/sse answers an event stream
-whose first event leaves at once (for time-to-first-byte)."""
+whose first event leaves at once (for time-to-first-byte); POST /v1/traces takes an OTLP export."""
 
 import asyncio
 import sys
@@ -31,6 +31,7 @@ def chunk(data: bytes) -> bytes:
     return b"%x\r\n%s\r\n" % (len(data), data)
 
 
+TRACES_ACCEPTED = b"HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\n\r\n"
 SSE_DONE = chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n"  # the last event, then the end of the chunked body
 
 
@@ -60,6 +61,8 @@ class Upstream(asyncio.Protocol):
         """Answer one request, given its head in lower case."""
         if head.startswith(b"get /v1/sse"):
             self.spawn(self.stream_events())
+        elif head.startswith(b"post /v1/traces"):  # a gateway's OTLP export, taken as a collector would
+            self.transport.write(TRACES_ACCEPTED)
         else:
             self.transport.write(CHAT_RESPONSE)
 

@@ -45,6 +45,18 @@ upstream_failures = Counter(
     "Upstreams not reached, by kind: unreachable, timeout, not_public.",
     ["provider", "kind"],
 )
+oauth_token_fetches = Counter(
+    "credgate_oauth_token_fetches",
+    "Access tokens fetched from OAuth 2.0 token endpoints, by provider and result: ok or failed.",
+    ["provider", "result"],
+)
+# Each worker's view; the lowest wins, so that one worker cut off from a dependency shows.
+dependency_up = Gauge(
+    "credgate_dependency_up",
+    "Whether a dependency answers (1) or not (0), as the processes last saw it: database, redis.",
+    ["dependency"],
+    multiprocess_mode="livemin",
+)
 access_lookups = Counter("credgate_access_lookups", "Token lookups, by result: hit (memory) or miss.", ["result"])
 
 

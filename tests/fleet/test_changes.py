@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
+from prometheus_client import REGISTRY
 
 from credgate.errors import StartupError
 from credgate.fleet import Fleet, open_fleet
@@ -114,12 +115,18 @@ async def test_a_follower_survives_redis_going_away_and_counts_its_return_as_a_c
     caplog.set_level(logging.WARNING, logger="credgate.fleet")
     with private_redis(tmp_path) as redis:
         async with subscribed(redis) as (publisher, heard):
+            assert redis_up() == 1
             redis.stop()
             await publisher.publish_change("m1")  # never raises: polling the database carries the change
             await publisher.publish_change("m1")
+            deadline = time.monotonic() + RETRY_SECONDS + 5
+            while redis_up() != 0:  # what /metrics shows: credgate_dependency_up{dependency="redis"}
+                assert time.monotonic() < deadline, "the follower never found Redis gone"
+                await asyncio.sleep(0.05)
             redis.start()
             await heard.next(RETRY_SECONDS + 5)  # resubscribed: whatever was missed counts as changed
             await publish_and_hear(publisher, heard)
+            assert redis_up() == 1
     messages = [record.getMessage() for record in caplog.records]
     assert (
         messages.count("could not publish a change through Redis (ConnectionError): other instances find it by polling")
@@ -127,6 +134,10 @@ async def test_a_follower_survives_redis_going_away_and_counts_its_return_as_a_c
     )
     assert any(message.startswith("lost the change notices from Redis") for message in messages)
     assert "Redis answers again: change notices resumed" in messages
+
+
+def redis_up() -> float | None:
+    return REGISTRY.get_sample_value("credgate_dependency_up", {"dependency": "redis"})
 
 
 def test_a_malformed_redis_url_is_refused_at_start_without_quoting_it() -> None:

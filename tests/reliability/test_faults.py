@@ -21,6 +21,7 @@ from typing import Any
 import aiohttp
 import httpx
 import pytest
+from prometheus_client import REGISTRY
 from sqlalchemy.engine import make_url
 
 from credgate.app import Gateway, create_app
@@ -641,12 +642,17 @@ async def test_ft12_what_was_cached_is_served_for_the_stale_seconds_then_503_unt
         await asyncio.sleep(0.05)
     assert_service_error(stale, 503)
     assert len(relayed.upstream.received) >= 2
+    assert database_up() == 0  # what /metrics shows an operator, as credgate_dependency_up{dependency="database"}
 
     relayed.relay.restore()
     deadline = time.monotonic() + 5
-    while (await relayed.chat(relayed.warm)).status_code != 200:
+    while (await relayed.chat(relayed.warm)).status_code != 200 or database_up() != 1:
         assert time.monotonic() < deadline, "not serving again within 5 s of the database's return"
         await asyncio.sleep(0.1)
+
+
+def database_up() -> float | None:
+    return REGISTRY.get_sample_value("credgate_dependency_up", {"dependency": "database"})
 
 
 @POSTGRES_BEHIND_A_RELAY
@@ -1026,7 +1032,13 @@ async def test_ft18_a_failing_token_endpoint_is_a_502_without_the_secret_and_is_
             assert secret not in messages.pop(), fault
             assert elapsed < 1.5, fault
             assert (len(dials.to(closed)) if fault == "refused" else endpoint.calls) == 1, fault
+            assert oauth_fetches(provider, "failed") == 1, fault  # one fetch, counted once, shared by 20
+            assert oauth_fetches(provider, "ok") is None, fault
     assert upstream.received == []
+
+
+def oauth_fetches(provider: str, result: str) -> float | None:
+    return REGISTRY.get_sample_value("credgate_oauth_token_fetches_total", {"provider": provider, "result": result})
 
 
 async def test_ft18_a_hundred_requests_finding_the_token_due_share_one_renewal(
@@ -1036,7 +1048,9 @@ async def test_ft18_a_hundred_requests_finding_the_token_due_share_one_renewal(
     test_many_requests_at_once_share_one_fetch_and_later_ones_the_cached_token)."""
     token_endpoint.lifetime = 4  # renewed in its last two seconds
     await add_oauth(ctx, project, upstream, token_endpoint.url)
+    before = oauth_fetches("secured", "ok") or 0
     assert (await served.get("/proxy/secured/v1/data", project.token)).status_code == 200
+    assert oauth_fetches("secured", "ok") == before + 1
     await asyncio.sleep(2.05)
     burst = await asyncio.gather(*(served.get("/proxy/secured/v1/data", project.token) for _ in range(100)))
     assert {response.status_code for response in burst} == {200}

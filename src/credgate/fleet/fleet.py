@@ -5,6 +5,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from credgate import metrics
 from credgate.errors import StartupError
 from credgate.outages import Outage
 
@@ -68,6 +69,7 @@ class Fleet:
             down="lost the change notices from Redis (%s): changes are found by polling until it answers",
             back="Redis answers again: change notices resumed",
             retry_seconds=RETRY_SECONDS,
+            report=metrics.dependency_up.labels("redis").set,  # its subscription pings Redis every second
         )
         while True:
             try:

@@ -17,6 +17,7 @@ from urllib.parse import quote
 
 import aiohttp
 
+from credgate import metrics
 from credgate.crypto import Secret
 from credgate.errors import BadGateway
 from credgate.key_shapes import service_account_info
@@ -84,9 +85,11 @@ class TokenBroker:
             fetched = await self._fetch(project_id, integration, secret)
         except BadGateway as error:
             self._failed_until[key] = (self._clock() + _FAILURE_PAUSE_SECONDS, error)
+            metrics.oauth_token_fetches.labels(integration.provider, "failed").inc()
             raise
         finally:
             del self._fetching[key]
+        metrics.oauth_token_fetches.labels(integration.provider, "ok").inc()
         self._tokens[key] = fetched
         self._failed_until.pop(key, None)
         return fetched

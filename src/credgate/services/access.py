@@ -147,6 +147,7 @@ async def watch_database(ctx: Context, *, interval: float, stale_seconds: float)
         logger,
         down=f"the database does not answer (%s); serving from memory for at most {stale_seconds:g} s",
         back="the database answers again",
+        report=metrics.dependency_up.labels("database").set,
     )
     while True:
         started, generation = time.monotonic(), cache.generation
