@@ -239,3 +239,28 @@ def test_a_name_out_of_its_limits_exits_2_and_names_the_field(credgate: Any) -> 
     assert result.exit_code == 2
     assert result.output == "error: name: must be 1 to 200 characters\n"
     assert credgate("admin", "create-token", "--name", "n" * 201).exit_code == 2
+
+
+def test_a_key_pool_is_managed_from_the_cli_and_no_secret_is_printed(credgate: Any) -> None:
+    project = project_id(credgate)
+    credgate(
+        "integrations", "add", project, "acme", "--base-url", "https://api.acme.test", "--api-key-stdin", stdin=KEY
+    )
+    added = credgate("keys", "add", project, "acme", "--api-key-stdin", "--label", "backup", stdin=ROTATED_KEY)
+    assert added.exit_code == 0, added.output
+    key = json.loads(added.output)
+    assert (key["label"], key["position"], key["status"], key["hint"]) == ("backup", 1, "active", "…wxyz")
+    listed = credgate("keys", "list", project, "acme")
+    first = json.loads(listed.output)["items"][0]
+    assert [found["id"] for found in json.loads(listed.output)["items"]] == [first["id"], key["id"]]
+
+    moved = credgate("keys", "update", project, "acme", key["id"], "--position", "0", "--disable")
+    assert moved.exit_code == 0, moved.output
+    pool = json.loads(moved.output)["keys"]
+    assert [(found["id"], found["status"]) for found in pool] == [(key["id"], "disabled"), (first["id"], "active")]
+    removed = credgate("keys", "remove", project, "acme", key["id"])
+    assert [found["id"] for found in json.loads(removed.output)["keys"]] == [first["id"]]
+    assert credgate("keys", "remove", project, "acme", key["id"]).exit_code == 3
+    for result in (added, listed, moved, removed):
+        assert KEY not in result.output
+        assert ROTATED_KEY not in result.output

@@ -30,6 +30,7 @@ from credgate.admin_api.schemas import (
     IntegrationIn,
     IntegrationOut,
     IntegrationPatchIn,
+    PoolKeyOut,
     ProjectOut,
     ProjectSecretOut,
     RequestRecordOut,
@@ -43,6 +44,8 @@ from credgate.crypto import encode_master_key, new_master_key
 from credgate.error_responses import validation_message
 from credgate.errors import Conflict, InvalidInput, NotFound, ServiceError, StartupError
 from credgate.limits import (
+    MAX_KEY_LABEL_LENGTH,
+    MAX_KEYS_PER_INTEGRATION,
     ExpiresInSeconds,
     GraceSeconds,
     ListLimit,
@@ -55,7 +58,16 @@ from credgate.limits import (
     parse_int,
 )
 from credgate.server import bind_listeners, configure_logging, exit_zero_on_sigterm, run_workers, server_config
-from credgate.services import admins, audit, integrations, master_keys, panel_sessions, projects, usage
+from credgate.services import (
+    admins,
+    audit,
+    integrations,
+    key_pools,
+    master_keys,
+    panel_sessions,
+    projects,
+    usage,
+)
 from credgate.services.bootstrap import open_context
 from credgate.services.context import Context
 from credgate.specs import AuthSpec, Endpoint
@@ -645,6 +657,84 @@ def keys_revoke(settings: Settings, project_id: str, provider: str) -> None:
     found = _run(
         settings,
         lambda ctx: integrations.revoke_provider_key(ctx, project_id=project_id, provider=provider, actor=_actor()),
+    )
+    _print(IntegrationOut.of(found))
+
+
+@keys_group.command("list")
+@click.argument("project_id")
+@click.argument("provider")
+@pass_settings
+def keys_list(settings: Settings, project_id: str, provider: str) -> None:
+    """The integration's key pool, in order: ids, labels, hints and states, never a secret."""
+    found = _run(settings, lambda ctx: integrations.get_integration(ctx, project_id=project_id, provider=provider))
+    _print([PoolKeyOut.of(key) for key in found.keys])
+
+
+@keys_group.command("add")
+@click.argument("project_id")
+@click.argument("provider")
+@click.option("--api-key-stdin", is_flag=True, required=True, help="Read the key from standard input.")
+@click.option("--label", default="", help=f"A name for the key (at most {MAX_KEY_LABEL_LENGTH} characters).")
+@pass_settings
+def keys_add(settings: Settings, project_id: str, provider: str, api_key_stdin: bool, label: str) -> None:
+    """Add a key at the end of the integration's pool, in service at once."""
+    api_key = _read_secret("API key")
+    _, key = _run(
+        settings,
+        lambda ctx: key_pools.add_key(
+            ctx, project_id=project_id, provider=provider, api_key=api_key, label=label, actor=_actor()
+        ),
+    )
+    _print(PoolKeyOut.of(key))
+
+
+@keys_group.command("update")
+@click.argument("project_id")
+@click.argument("provider")
+@click.argument("key_id")
+@click.option("--label", help="A new name for the key.")
+@click.option("--disable/--enable", "disabled", default=None, help="Take it out of service, or put it back.")
+@click.option(
+    "--position", type=click.IntRange(0, MAX_KEYS_PER_INTEGRATION - 1), help="Its place in the pool, 0 first."
+)
+@pass_settings
+def keys_update(
+    settings: Settings,
+    project_id: str,
+    provider: str,
+    key_id: str,
+    label: str | None,
+    disabled: bool | None,
+    position: int | None,
+) -> None:
+    """Rename, disable or enable (also after the provider refused it), or move a key of the pool."""
+    found = _run(
+        settings,
+        lambda ctx: key_pools.update_key(
+            ctx,
+            project_id=project_id,
+            provider=provider,
+            key_id=key_id,
+            actor=_actor(),
+            label=label,
+            disabled=disabled,
+            position=position,
+        ),
+    )
+    _print(IntegrationOut.of(found))
+
+
+@keys_group.command("remove")
+@click.argument("project_id")
+@click.argument("provider")
+@click.argument("key_id")
+@pass_settings
+def keys_remove(settings: Settings, project_id: str, provider: str, key_id: str) -> None:
+    """Remove a key from the pool; its secret goes with it."""
+    found = _run(
+        settings,
+        lambda ctx: key_pools.remove_key(ctx, project_id=project_id, provider=provider, key_id=key_id, actor=_actor()),
     )
     _print(IntegrationOut.of(found))
 

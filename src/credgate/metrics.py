@@ -45,6 +45,11 @@ upstream_failures = Counter(
     "Upstreams not reached, by kind: unreachable, timeout, not_public.",
     ["provider", "kind"],
 )
+key_failovers = Counter(
+    "credgate_key_failovers",
+    "Requests passed on to the next key of a pool, by provider and reason: refused (401, 403), cooling (429, 402).",
+    ["provider", "reason"],
+)
 oauth_token_fetches = Counter(
     "credgate_oauth_token_fetches",
     "Access tokens fetched from OAuth 2.0 token endpoints, by provider and result: ok or failed.",

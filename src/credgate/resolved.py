@@ -9,6 +9,14 @@ from credgate.specs import AuthSpec, Endpoint
 
 
 @dataclass(frozen=True, slots=True)
+class PoolKey:
+    """A key of an integration's pool that is in service: its id (for its state) and its opened secret."""
+
+    id: str
+    secret: Secret
+
+
+@dataclass(frozen=True, slots=True)
 class ResolvedIntegration:
     """An integration as the proxy uses it, with its credential opened (None once revoked)."""
 
@@ -21,6 +29,8 @@ class ResolvedIntegration:
     enabled: bool
     timeout_seconds: float
     stream_idle_timeout_seconds: float  # a started response that sends nothing this long is cut off
-    credential: Secret | None
+    credential: Secret | None  # the first key in service: what a pool of one, and key verification, use
     # The admin's exceptions to the SSRF guard for this integration alone (README, Security).
     private_networks: PrivateNetworks = NO_PRIVATE_NETWORKS
+    keys: tuple[PoolKey, ...] = ()  # every key in service, in order (`credential` is the first's secret)
+    key_strategy: str = "failover"  # or "spread": requests take the keys in turns

@@ -112,6 +112,8 @@ def _check_endpoint_path(path: str) -> str:
 
 
 ProviderName = Annotated[str, AfterValidator(check_provider_name)]
+# How an integration's pool of keys is used: in order, the next when one is out, or taking turns.
+KeyStrategy = Literal["failover", "spread"]
 HeaderName = Annotated[str, Field(min_length=1, max_length=200), AfterValidator(check_header_name)]
 HeaderMap = Annotated[dict[str, str], AfterValidator(_check_headers)]
 QueryMap = Annotated[dict[Annotated[str, Field(min_length=1, max_length=200)], str], Field(max_length=64)]

@@ -16,8 +16,8 @@ CHAT, IMAGES = "openai-chat-completions", "openai-image-generations"
 OPENAI = "https://api.openai.com/v1"
 INTEGRATION_KEYS = {
     "provider", "base_url", "auth", "templates", "endpoints", "headers", "query",
-    "enabled", "timeout_seconds", "stream_idle_timeout_seconds", "private_networks", "key", "created_at",
-    "updated_at",
+    "enabled", "timeout_seconds", "stream_idle_timeout_seconds", "private_networks", "key", "keys", "key_strategy",
+    "created_at", "updated_at",
 }  # fmt: skip
 
 

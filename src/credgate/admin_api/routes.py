@@ -16,6 +16,9 @@ from credgate.admin_api.schemas import (
     IntegrationPatchIn,
     ItemsOut,
     KeyIn,
+    PoolKeyIn,
+    PoolKeyOut,
+    PoolKeyPatchIn,
     ProjectIn,
     ProjectOut,
     ProjectPatchIn,
@@ -32,7 +35,7 @@ from credgate.error_responses import ERROR_RESPONSES
 from credgate.errors import Unauthorized
 from credgate.limits import ListLimit, Moment
 from credgate.resolved import ResolvedIntegration
-from credgate.services import admins, audit, integrations, projects, usage, verification
+from credgate.services import admins, audit, integrations, key_pools, projects, usage, verification
 from credgate.services.context import Context
 from credgate.services.verification import Verification
 from credgate.specs import Endpoint
@@ -262,6 +265,51 @@ async def _with_verification(
 @router.delete("/projects/{project_id}/integrations/{provider}/key")
 async def revoke_provider_key(project_id: str, provider: str, ctx: ContextDep, actor: Actor) -> IntegrationOut:
     integration = await integrations.revoke_provider_key(ctx, project_id=project_id, provider=provider, actor=actor)
+    return IntegrationOut.of(integration)
+
+
+# key pools
+
+
+@router.get("/projects/{project_id}/integrations/{provider}/keys")
+async def list_pool_keys(project_id: str, provider: str, ctx: ContextDep, _actor: Actor) -> ItemsOut[PoolKeyOut]:
+    integration = await integrations.get_integration(ctx, project_id=project_id, provider=provider)
+    return ItemsOut(items=[PoolKeyOut.of(key) for key in integration.keys])
+
+
+@router.post("/projects/{project_id}/integrations/{provider}/keys", status_code=201)
+async def add_pool_key(project_id: str, provider: str, body: PoolKeyIn, ctx: ContextDep, actor: Actor) -> PoolKeyOut:
+    _, key = await key_pools.add_key(
+        ctx,
+        project_id=project_id,
+        provider=provider,
+        api_key=body.api_key.get_secret_value(),
+        label=body.label,
+        actor=actor,
+    )
+    return PoolKeyOut.of(key)
+
+
+@router.patch("/projects/{project_id}/integrations/{provider}/keys/{key_id}")
+async def update_pool_key(
+    project_id: str, provider: str, key_id: str, body: PoolKeyPatchIn, ctx: ContextDep, actor: Actor
+) -> IntegrationOut:
+    integration = await key_pools.update_key(
+        ctx,
+        project_id=project_id,
+        provider=provider,
+        key_id=key_id,
+        actor=actor,
+        label=body.label,
+        disabled=body.disabled,
+        position=body.position,
+    )
+    return IntegrationOut.of(integration)
+
+
+@router.delete("/projects/{project_id}/integrations/{provider}/keys/{key_id}")
+async def remove_pool_key(project_id: str, provider: str, key_id: str, ctx: ContextDep, actor: Actor) -> IntegrationOut:
+    integration = await key_pools.remove_key(ctx, project_id=project_id, provider=provider, key_id=key_id, actor=actor)
     return IntegrationOut.of(integration)
 
 

@@ -10,7 +10,9 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 from credgate.catalog import Template
 from credgate.limits import (
     MAX_ENDPOINTS,
+    MAX_KEY_LABEL_LENGTH,
     MAX_KEY_LENGTH,
+    MAX_KEYS_PER_INTEGRATION,
     ExpiresInSeconds,
     GraceSeconds,
     Name,
@@ -20,11 +22,20 @@ from credgate.limits import (
     TimeoutSeconds,
 )
 from credgate.netguard import PrivateNetworkList
+from credgate.services.key_pools import key_state
 from credgate.services.projects import current_token
 from credgate.services.verification import Verification
-from credgate.specs import AuthSpec, BaseUrl, Endpoint, HeaderMap, ProviderName, QueryMap
+from credgate.specs import AuthSpec, BaseUrl, Endpoint, HeaderMap, KeyStrategy, ProviderName, QueryMap
 from credgate.storage import UsageRow
-from credgate.storage.models import AdminToken, AuditEvent, Integration, Project, ProjectToken, RequestRecord
+from credgate.storage.models import (
+    AdminToken,
+    AuditEvent,
+    Integration,
+    Project,
+    ProjectToken,
+    ProviderKey,
+    RequestRecord,
+)
 
 ApiKey = Annotated[SecretStr, Field(min_length=1, max_length=MAX_KEY_LENGTH)]
 T = TypeVar("T")
@@ -179,6 +190,9 @@ class IntegrationPatchIn(In):
     timeout_seconds: TimeoutSeconds | None = None
     stream_idle_timeout_seconds: StreamIdleTimeoutSeconds | None = None
     private_networks: PrivateNetworkList | None = Field(default=None, description=PRIVATE_NETWORKS_HELP)
+    key_strategy: KeyStrategy | None = Field(
+        default=None, description="how a pool of keys is used: failover (in order) or spread (taking turns)"
+    )
 
 
 class EndpointsIn(In):
@@ -196,6 +210,46 @@ class KeyOut(BaseModel):
     updated_at: datetime | None
 
 
+class PoolKeyIn(In):
+    api_key: ApiKey
+    label: Annotated[str, Field(max_length=MAX_KEY_LABEL_LENGTH)] = ""
+
+
+class PoolKeyPatchIn(In):
+    label: Annotated[str, Field(max_length=MAX_KEY_LABEL_LENGTH)] | None = None
+    disabled: bool | None = Field(default=None, description="false also puts back a key the provider refused")
+    position: Annotated[int, Field(ge=0, le=MAX_KEYS_PER_INTEGRATION - 1)] | None = None
+
+
+class PoolKeyOut(BaseModel):
+    """One key of an integration's pool: never its secret, at most the hint of its last four characters."""
+
+    id: str
+    label: str
+    position: int
+    status: Literal["active", "disabled", "failed", "revoked"]
+    hint: str | None
+    failure: str | None  # why the provider's answer took it out of service
+    failed_at: datetime | None
+    created_at: datetime
+    updated_at: datetime
+
+    @classmethod
+    def of(cls, key: ProviderKey) -> Self:
+        status = key_state(key)
+        return cls(
+            id=key.id,
+            label=key.label,
+            position=key.position,
+            status=status,
+            hint=key.hint if status != "revoked" else None,
+            failure=key.failure,
+            failed_at=key.failed_at,
+            created_at=key.created_at,
+            updated_at=key.updated_at,
+        )
+
+
 class IntegrationOut(BaseModel):
     provider: str
     base_url: str
@@ -208,7 +262,9 @@ class IntegrationOut(BaseModel):
     timeout_seconds: float
     stream_idle_timeout_seconds: float
     private_networks: list[str]
-    key: KeyOut
+    key: KeyOut  # the pool's first key
+    keys: list[PoolKeyOut]
+    key_strategy: str
     created_at: datetime
     updated_at: datetime
 
@@ -233,6 +289,8 @@ class IntegrationOut(BaseModel):
                 hint=key.hint if key is not None and active else None,
                 updated_at=key.updated_at if key is not None else None,
             ),
+            keys=[PoolKeyOut.of(each) for each in integration.keys],
+            key_strategy=integration.key_strategy,
             created_at=integration.created_at,
             updated_at=integration.updated_at,
         )

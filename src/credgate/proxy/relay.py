@@ -6,6 +6,7 @@ exactly as received. After `http.response.start` an error can only abort the res
 import asyncio
 import logging
 import time
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
@@ -37,6 +38,7 @@ from credgate.proxy.client import (
 )
 from credgate.proxy.deadlines import Deadlines
 from credgate.proxy.guard import NonPublicAddress
+from credgate.proxy.key_pools import FAILOVER_MAX_BODY_BYTES, KeyPools
 from credgate.proxy.oauth import TokenBroker
 from credgate.proxy.plan import (
     Headers,
@@ -50,10 +52,11 @@ from credgate.proxy.plan import (
 )
 from credgate.proxy.sigv4 import sign
 from credgate.proxy.upstreams import Upstreams, create_http_session
-from credgate.resolved import ResolvedIntegration
+from credgate.resolved import PoolKey, ResolvedIntegration
 from credgate.services.access import Access, resolve_access
 from credgate.services.context import Context
 from credgate.services.integrations import store_rotated_refresh_token
+from credgate.services.key_pools import take_key_out_of_service
 from credgate.services.usage import (
     ProxiedRequest,
     UsageRecorder,
@@ -118,6 +121,11 @@ class ProxyApp:
             session,
             allow_private=settings.allow_private_upstreams,
             open_session=lambda resolver: create_http_session(allow_private_upstreams=False, resolver=resolver),
+        )
+        self.key_pools = KeyPools(
+            lambda project_id, provider, key_id, failure: take_key_out_of_service(
+                ctx, project_id=project_id, provider=provider, key_id=key_id, failure=failure
+            )
         )
         self.tokens = TokenBroker(
             self.upstreams,
@@ -282,25 +290,23 @@ class ProxyApp:
             on_complete=watch.start,
             deadlines=self.deadlines,
         )
-        headers = plan.headers
+        # The keys to try, in turn, before any byte reaches the client: a pool's, or the one credential.
+        attempts = self.key_pools.attempts(record.project_id, integration) if len(integration.keys) > 1 else None
         try:
             data = await body.first()
             if isinstance(integration.auth, AwsSigV4Auth):
                 # A signature covers the body: read it whole (within the limit), then sign those exact bytes.
                 data = await body.whole(data)
-                headers = sign(
-                    plan, data, spec=integration.auth, key=credential.reveal(), provider=integration.provider
-                )
-            elif not isinstance(data, bytes) and length is not None:
-                headers = [*headers, ("Content-Length", str(length))]
+            elif attempts is not None and not isinstance(data, bytes | None):
+                # Failover sends the body again: only one received whole, within the bound.
+                if length is not None and length <= FAILOVER_MAX_BODY_BYTES:
+                    data = await body.whole(data)
+                else:
+                    attempts = attempts[:1]
             record.overhead_ms = (time.perf_counter() - record.started) * 1000
-            url = URL(plan.url, encoded=True)
-            if span is not None:
-                span.start_upstream(plan.method, url.host or "", url.port)
-            with self.deadlines.within(integration.timeout_seconds):
-                response = await self.upstreams.session_for(integration.private_networks).request(
-                    plan.method, url, headers=headers, data=data, allow_redirects=False
-                )
+            response = await self._send(
+                plan, integration, credential, data, length, span, attempts, client_token, scope, record
+            )
         except asyncio.CancelledError:
             watch.stop()
             if watch.absorb_cancellation():
@@ -336,8 +342,6 @@ class ProxyApp:
             )
             raise BadGateway(f"{integration.provider} could not be reached") from None
         record.request_bytes = body.received
-        if span is not None:
-            span.upstream_answered(response.status)
         try:
             await self._stream_response(
                 response, send, record, watch, plan.query_secrets, integration.stream_idle_timeout_seconds
@@ -349,6 +353,59 @@ class ProxyApp:
         finally:
             watch.stop()
             response.release()  # or closes it, when its body was not read to the end
+
+    async def _send(
+        self,
+        plan: UpstreamRequest,
+        integration: ResolvedIntegration,
+        credential: Secret,
+        data: bytes | AsyncIterator[bytes] | None,
+        length: int | None,
+        span: "RequestSpan | None",
+        attempts: list[PoolKey] | None,
+        client_token: str,
+        scope: Scope,
+        record: ProxiedRequest,
+    ) -> aiohttp.ClientResponse:
+        """The upstream's response: with a pool, each key in turn while the provider refuses one (401, 403) or
+        has it wait (429, 402), the last key's response whatever it is."""
+        if attempts is not None and not attempts:
+            raise BadGateway(f"every key of {integration.provider} is out of service or cooling down")
+        for index, key in enumerate(attempts or [None]):
+            if key is not None and key.secret is not credential:
+                plan = await self._prepare(
+                    project_id=record.project_id,
+                    integration=integration,
+                    credential=key.secret,
+                    method=scope["method"],
+                    raw_endpoint=record.endpoint,
+                    query_string=scope.get("query_string", b""),
+                    headers=scope["headers"],
+                    client_token=client_token,
+                )
+                credential = key.secret
+            headers = plan.headers
+            if isinstance(integration.auth, AwsSigV4Auth) and isinstance(data, bytes):  # always whole: read above
+                secret = credential.reveal()
+                headers = sign(plan, data, spec=integration.auth, key=secret, provider=integration.provider)
+            elif not isinstance(data, bytes | None) and length is not None:
+                headers = [*headers, ("Content-Length", str(length))]
+            url = URL(plan.url, encoded=True)
+            if span is not None:
+                span.start_upstream(plan.method, url.host or "", url.port)
+            with self.deadlines.within(integration.timeout_seconds):
+                response = await self.upstreams.session_for(integration.private_networks).request(
+                    plan.method, url, headers=headers, data=data, allow_redirects=False
+                )
+            if span is not None:
+                span.upstream_answered(response.status)
+            if key is None or attempts is None:
+                return response
+            last = index == len(attempts) - 1
+            if not self.key_pools.passes_over(record.project_id, integration, key, response, last=last) or last:
+                return response
+            response.release()
+        raise AssertionError("unreachable: the last attempt's response is returned")
 
     @staticmethod
     def _upstream_failed(provider: str, kind: str, span: "RequestSpan | None") -> None:

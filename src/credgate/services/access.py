@@ -20,7 +20,7 @@ from credgate.outages import Outage
 from credgate.resolved import ResolvedIntegration
 from credgate.services.context import CHANGE_MARKER, Context, notify_channel
 from credgate.services.projects import PROJECT_TOKEN_PREFIX
-from credgate.services.provider_keys import open_provider_key
+from credgate.services.provider_keys import usable_keys
 from credgate.specs import AuthSpec, Endpoint
 from credgate.storage import StorageUnavailable
 from credgate.storage.models import Integration
@@ -48,7 +48,8 @@ class Access:
 
 
 def resolved_integration(ctx: Context, integration: Integration) -> ResolvedIntegration:
-    """An integration as the proxy uses it, its key opened."""
+    """An integration as the proxy uses it, its keys in service opened."""
+    keys = usable_keys(ctx.keyring, integration)
     return ResolvedIntegration(
         provider=integration.provider,
         base_url=integration.base_url,
@@ -59,8 +60,10 @@ def resolved_integration(ctx: Context, integration: Integration) -> ResolvedInte
         enabled=integration.enabled,
         timeout_seconds=integration.timeout_seconds,
         stream_idle_timeout_seconds=integration.stream_idle_timeout_seconds,
-        credential=open_provider_key(ctx.keyring, integration),
+        credential=keys[0].secret if keys else None,
         private_networks=PrivateNetworks.of(integration.private_networks),
+        keys=keys,
+        key_strategy=integration.key_strategy,
     )
 
 

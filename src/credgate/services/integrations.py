@@ -16,7 +16,17 @@ from credgate.services.provider_keys import (
     open_provider_key,
     seal_provider_key,
 )
-from credgate.specs import PROVIDER_NAME, AuthSpec, BaseUrl, BearerAuth, Endpoint, HeaderMap, ProviderName, QueryMap
+from credgate.specs import (
+    PROVIDER_NAME,
+    AuthSpec,
+    BaseUrl,
+    BearerAuth,
+    Endpoint,
+    HeaderMap,
+    KeyStrategy,
+    ProviderName,
+    QueryMap,
+)
 from credgate.storage import Repository
 from credgate.storage.models import AuditEvent, Integration
 
@@ -32,6 +42,7 @@ _SETTINGS: dict[str, object] = {
     "query": QueryMap,
     "timeout_seconds": TimeoutSeconds,
     "stream_idle_timeout_seconds": StreamIdleTimeoutSeconds,
+    "key_strategy": KeyStrategy,
 }
 
 
@@ -47,6 +58,7 @@ class IntegrationChanges:
     timeout_seconds: float | None = None
     stream_idle_timeout_seconds: float | None = None
     private_networks: list[str] | None = None  # replaces the list; [] removes every exception
+    key_strategy: KeyStrategy | None = None
 
 
 async def _check_upstream(

@@ -1,11 +1,18 @@
-"""Provider keys: sealed under the master key, bound to their project and provider; set, rotate, revoke."""
+"""Provider keys: sealed under the master key, bound to their project and provider; set, rotate, revoke.
 
+An integration holds a pool of keys, in order. The single-key operations (set, revoke) act on the pool as a
+whole as a pool of one would: setting replaces the first key's secret (its id stays), revoking destroys every
+key's secret.
+"""
+
+import secrets
 from datetime import datetime
 
 from credgate.crypto import KeyRing, Secret, secret_binding
 from credgate.errors import InvalidInput
 from credgate.key_shapes import aws_key_parts, check_key_shape_for, service_account_info
 from credgate.limits import MAX_KEY_LENGTH
+from credgate.resolved import PoolKey
 from credgate.storage.models import Integration, ProviderKey
 
 API_KEY_PURPOSE = "api_key"
@@ -53,32 +60,60 @@ def _binding(integration: Integration) -> bytes:
     return secret_binding(project_id=integration.project_id, provider=integration.provider, purpose=API_KEY_PURPOSE)
 
 
+def new_key_id() -> str:
+    return "key_" + secrets.token_hex(12)
+
+
 def seal_provider_key(keyring: KeyRing, integration: Integration, api_key: str, *, now: datetime) -> None:
-    """Store `api_key` on the integration, sealed; replaces (rotates) any earlier key."""
-    ciphertext = keyring.seal(api_key.encode(), aad=_binding(integration))
-    hint = key_hint(api_key, auth_method=integration.auth["method"])
-    fields = {"ciphertext": ciphertext, "master_key_id": keyring.primary_key_id, "hint": hint}
-    if integration.key is None:
-        integration.key = ProviderKey(updated_at=now, **fields)
-    else:
-        for name, value in fields.items():
-            setattr(integration.key, name, value)
-        integration.key.updated_at = now
+    """Store `api_key` as the pool's first key, sealed; replaces (rotates) its secret, or starts the pool. The
+    key is back in service: a new secret is the admin's answer to a refusal."""
+    key = integration.key
+    if key is None:
+        key = ProviderKey(id=new_key_id(), position=0, created_at=now, updated_at=now)
+        integration.keys.append(key)
+    _seal_into(keyring, integration, key, api_key, now=now)
+
+
+def add_pool_key(keyring: KeyRing, integration: Integration, api_key: str, *, label: str, now: datetime) -> ProviderKey:
+    """Add `api_key` at the end of the pool."""
+    position = max((key.position for key in integration.keys), default=-1) + 1
+    key = ProviderKey(id=new_key_id(), label=label, position=position, created_at=now, updated_at=now)
+    integration.keys.append(key)
+    _seal_into(keyring, integration, key, api_key, now=now)
+    return key
+
+
+def _seal_into(keyring: KeyRing, integration: Integration, key: ProviderKey, api_key: str, *, now: datetime) -> None:
+    key.ciphertext = keyring.seal(api_key.encode(), aad=_binding(integration))
+    key.master_key_id = keyring.primary_key_id
+    key.hint = key_hint(api_key, auth_method=integration.auth["method"])
+    key.failed_at = key.failure = None
+    key.updated_at = now
 
 
 def destroy_provider_key(integration: Integration, *, now: datetime) -> None:
-    """Revoke: the ciphertext is overwritten, so nothing can bring the key back."""
-    if integration.key is not None:
-        integration.key.ciphertext = None
-        integration.key.master_key_id = None
-        integration.key.hint = None
-        integration.key.updated_at = now
+    """Revoke every key of the pool: the ciphertexts are overwritten, so nothing can bring a key back."""
+    for key in integration.keys:
+        key.ciphertext = None
+        key.master_key_id = None
+        key.hint = None
+        key.updated_at = now
+
+
+def usable_keys(keyring: KeyRing, integration: Integration) -> tuple[PoolKey, ...]:
+    """The pool's keys in service, in order, opened: not revoked, not disabled, not refused by the provider."""
+    binding = _binding(integration)
+    return tuple(
+        PoolKey(key.id, Secret(keyring.open(key.ciphertext, aad=binding).decode()))
+        for key in integration.keys
+        if key.ciphertext is not None and not key.disabled and key.failed_at is None
+    )
 
 
 def open_provider_key(keyring: KeyRing, integration: Integration) -> Secret | None:
-    if integration.key is None or integration.key.ciphertext is None:
-        return None
-    return Secret(keyring.open(integration.key.ciphertext, aad=_binding(integration)).decode())
+    """The first key in service (the single-key view of the pool)."""
+    usable = usable_keys(keyring, integration)
+    return usable[0].secret if usable else None
 
 
 def reseal(keyring: KeyRing, integration: Integration, ciphertext: bytes) -> bytes:

@@ -19,7 +19,13 @@ from sqlalchemy import (
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-from credgate.limits import MAX_ACTOR_LENGTH, MAX_NAME_LENGTH, MAX_PROVIDER_NAME_LENGTH, MAX_URL_LENGTH
+from credgate.limits import (
+    MAX_ACTOR_LENGTH,
+    MAX_KEY_LABEL_LENGTH,
+    MAX_NAME_LENGTH,
+    MAX_PROVIDER_NAME_LENGTH,
+    MAX_URL_LENGTH,
+)
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -119,26 +125,45 @@ class Integration(Base):
     stream_idle_timeout_seconds: Mapped[float] = mapped_column(server_default=text("300"))
     # The admin's exceptions to the SSRF guard for this integration alone: normalised networks and host names.
     private_networks: Mapped[list[Any]] = mapped_column(default=list)
+    # How a pool of keys is used: "failover" (in order, the next when one is out) or "spread" (taking turns).
+    key_strategy: Mapped[str] = mapped_column(String(16), default="failover", server_default=text("'failover'"))
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
 
     project: Mapped[Project] = relationship(back_populates="integrations")
-    key: Mapped["ProviderKey | None"] = relationship(
-        back_populates="integration", cascade="all, delete-orphan", passive_deletes=True, lazy="joined"
+    keys: Mapped[list["ProviderKey"]] = relationship(
+        back_populates="integration",
+        cascade="all, delete-orphan",
+        passive_deletes=True,
+        lazy="selectin",
+        order_by="ProviderKey.position",
     )
+
+    @property
+    def key(self) -> "ProviderKey | None":
+        """The pool's first key: what the single-key API, CLI and panel show and set."""
+        return self.keys[0] if self.keys else None
 
 
 class ProviderKey(Base):
-    """The encrypted provider credential of an integration; `ciphertext` is None once revoked."""
+    """One encrypted provider credential of an integration's pool; `ciphertext` is None once revoked."""
 
     __tablename__ = "provider_keys"
-    integration_id: Mapped[str] = mapped_column(ForeignKey("integrations.id", ondelete="CASCADE"), primary_key=True)
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)  # stable across rotations of the pool
+    integration_id: Mapped[str] = mapped_column(ForeignKey("integrations.id", ondelete="CASCADE"), index=True)
+    label: Mapped[str] = mapped_column(String(MAX_KEY_LABEL_LENGTH), default="", server_default=text("''"))
+    position: Mapped[int] = mapped_column(default=0, server_default=text("0"))  # the order failover follows
     ciphertext: Mapped[bytes | None] = mapped_column(LargeBinary)
     master_key_id: Mapped[str | None] = mapped_column(String(16), index=True)
     hint: Mapped[str | None] = mapped_column(String(8))
+    disabled: Mapped[bool] = mapped_column(default=False, server_default=text("false"))  # by an admin
+    # Set when the provider refused the key (401, 403): out of service until an admin puts it back.
+    failed_at: Mapped[datetime | None]
+    failure: Mapped[str | None] = mapped_column(String(200))
+    created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
 
-    integration: Mapped[Integration] = relationship(back_populates="key")
+    integration: Mapped[Integration] = relationship(back_populates="keys")
 
 
 class AuditEvent(Base):

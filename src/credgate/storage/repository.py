@@ -7,7 +7,7 @@ from typing import Any, cast
 
 from sqlalchemy import Table, case, delete, func, insert, literal, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
-from sqlalchemy.orm import raiseload, selectinload
+from sqlalchemy.orm import joinedload, raiseload, selectinload
 
 from credgate.storage.models import (
     AdminSession,
@@ -115,6 +115,7 @@ class Repository:
                 (Integration.project_id == ProjectToken.project_id) & (Integration.provider == provider),
             )
             .where(ProjectToken.token_hash == token_hash)
+            .options(joinedload(Integration.keys))  # the pool in the same query: one query per lookup
         )
         row = (await self._session.execute(statement)).unique().one_or_none()
         if row is None:
@@ -196,7 +197,7 @@ class Repository:
         """Replace a ciphertext only if nobody changed it meanwhile; True when it was replaced."""
         result = await self._session.execute(
             update(ProviderKey)
-            .where(ProviderKey.integration_id == key.integration_id, ProviderKey.ciphertext == expected)
+            .where(ProviderKey.id == key.id, ProviderKey.ciphertext == expected)
             .values(ciphertext=ciphertext, master_key_id=master_key_id)
             .execution_options(synchronize_session=False)
         )

@@ -83,6 +83,9 @@ class RequestSpan:
             self.span.set_attribute("gen_ai.operation.name", operation)
 
     def start_upstream(self, method: str, host: str, port: int | None) -> None:
+        """A span for a call upstream; one that a key pool passed over ends here."""
+        if self._upstream is not None:
+            self._upstream.end()
         attributes: dict[str, str | int] = {"http.request.method": method, "server.address": host}
         if port is not None:
             attributes["server.port"] = port

@@ -1,0 +1,216 @@
+"""Key pools on real sockets: a request passes to the next key when the provider refuses one (401, 403) or has it
+wait (429, 402), before any byte reached the client; a refused key is out of service until an admin acts."""
+
+import asyncio
+import json
+import secrets
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import httpx
+import pytest
+from aiohttp import web
+from prometheus_client import REGISTRY
+
+from credgate.proxy.key_pools import FAILOVER_MAX_BODY_BYTES
+from credgate.services import audit, integrations, key_pools
+from credgate.services.context import Context
+from credgate.services.integrations import IntegrationChanges
+from tests.e2e.conftest import Project, add_custom, free_port
+from tests.secret_sweep import SWEEP
+
+PROVIDER = "pool"
+CHAT = {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}
+
+
+def new_key(name: str) -> str:
+    key = f"sk-{name}-" + secrets.token_urlsafe(12)
+    SWEEP.register(key)
+    return key
+
+
+@dataclass
+class Provider:
+    """A stand-in provider that answers by the key it is called with, and records each call's key and body."""
+
+    url: str = ""
+    answers: dict[str, tuple[int, dict[str, str]]] = field(default_factory=dict)
+    calls: list[tuple[str, bytes]] = field(default_factory=list)
+
+    def keys_called(self) -> list[str]:
+        return [key for key, _ in self.calls]
+
+
+@pytest.fixture
+async def provider() -> AsyncIterator[Provider]:
+    state = Provider()
+
+    async def answer(request: web.Request) -> web.Response:
+        key = request.headers.get("Authorization", "").removeprefix("Bearer ")
+        state.calls.append((key, await request.read()))
+        status, headers = state.answers.get(key, (200, {}))
+        body = {"error": {"message": "no"}} if status >= 400 else {"ok": True, "key_hint": key[-4:]}
+        return web.json_response(body, status=status, headers=headers)
+
+    app = web.Application(client_max_size=4 * FAILOVER_MAX_BODY_BYTES)
+    app.router.add_route("*", "/{tail:.*}", answer)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    state.url = f"http://127.0.0.1:{port}"
+    try:
+        yield state
+    finally:
+        await runner.cleanup()
+
+
+async def pool_of(ctx: Context, project: Project, provider: Provider, *keys: str, strategy: str = "failover") -> None:
+    """The project's `pool` integration, holding `keys` in that order."""
+    await add_custom(ctx, project, PROVIDER, provider.url)
+    await integrations.set_provider_key(ctx, project_id=project.id, provider=PROVIDER, api_key=keys[0], actor="t")
+    for index, key in enumerate(keys[1:], 1):
+        await key_pools.add_key(
+            ctx, project_id=project.id, provider=PROVIDER, api_key=key, label=f"k{index}", actor="t"
+        )
+    if strategy != "failover":
+        changes = IntegrationChanges(key_strategy=strategy)  # type: ignore[arg-type]
+        await integrations.update_integration(ctx, project_id=project.id, provider=PROVIDER, changes=changes, actor="t")
+
+
+async def call(gateway_url: str, project: Project, **options: object) -> httpx.Response:
+    async with httpx.AsyncClient(base_url=gateway_url, timeout=10) as client:
+        return await client.post(
+            f"/proxy/{PROVIDER}/v1/chat/completions",
+            headers={"authorization": f"Bearer {project.token}"},
+            **({"json": CHAT} | options),  # type: ignore[arg-type]
+        )
+
+
+def failovers(reason: str) -> float:
+    return REGISTRY.get_sample_value("credgate_key_failovers_total", {"provider": PROVIDER, "reason": reason}) or 0
+
+
+async def test_a_key_told_to_wait_passes_the_request_to_the_next_which_is_used_until_it_has_rested(
+    gateway_url: str, ctx: Context, project: Project, provider: Provider
+) -> None:
+    waiting, spare = new_key("waiting"), new_key("spare")
+    provider.answers[waiting] = (429, {"Retry-After": "120"})
+    await pool_of(ctx, project, provider, waiting, spare)
+    before = failovers("cooling")
+
+    first = await call(gateway_url, project)
+    second = await call(gateway_url, project)
+
+    assert (first.status_code, second.status_code) == (200, 200)
+    assert first.json()["key_hint"] == spare[-4:]
+    assert provider.keys_called() == [waiting, spare, spare]  # resting: not asked again within its Retry-After
+    assert provider.calls[0][1] == provider.calls[1][1]  # the same bytes, again
+    assert json.loads(provider.calls[1][1]) == CHAT
+    assert failovers("cooling") == before + 1
+
+
+async def test_a_refused_key_is_out_of_service_shown_and_audited_until_an_admin_puts_it_back(
+    gateway_url: str, ctx: Context, project: Project, provider: Provider
+) -> None:
+    dead, spare = new_key("dead"), new_key("spare")
+    provider.answers[dead] = (401, {})
+    await pool_of(ctx, project, provider, dead, spare)
+
+    assert (await call(gateway_url, project)).status_code == 200
+    await key_pools_settled(ctx, project)
+    found = await integrations.get_integration(ctx, project_id=project.id, provider=PROVIDER)
+    states = [(key_pools.key_state(key), key.failure) for key in found.keys]
+    assert states == [("failed", "refused by the provider (401)"), ("active", None)]
+    events = await audit.list_audit_events(ctx, limit=5)
+    assert any(event.action == "provider_key.out_of_service" for event in events)
+    for _ in range(3):
+        assert (await call(gateway_url, project)).status_code == 200
+    assert provider.keys_called() == [dead, spare, spare, spare, spare]
+
+    del provider.answers[dead]  # the admin fixed the account: enabling the key puts it back first in line
+    await key_pools.update_key(
+        ctx, project_id=project.id, provider=PROVIDER, key_id=found.keys[0].id, disabled=False, actor="t"
+    )
+    assert (await call(gateway_url, project)).json()["key_hint"] == dead[-4:]
+
+
+async def key_pools_settled(ctx: Context, project: Project) -> None:
+    """The proxy records a refusal in the background: wait for it to land."""
+    for _ in range(100):
+        found = await integrations.get_integration(ctx, project_id=project.id, provider=PROVIDER)
+        if any(key.failed_at is not None for key in found.keys):
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("the refused key was never taken out of service")
+
+
+async def test_the_last_keys_answer_is_relayed_as_is_and_with_every_key_resting_a_502_names_none(
+    gateway_url: str, ctx: Context, project: Project, provider: Provider
+) -> None:
+    first, last = new_key("first"), new_key("last")
+    provider.answers[first] = (429, {"Retry-After": "60"})
+    provider.answers[last] = (402, {})
+    await pool_of(ctx, project, provider, first, last)
+
+    relayed = await call(gateway_url, project)
+    resting = await call(gateway_url, project)
+
+    assert relayed.status_code == 402  # the provider's own answer, not wrapped
+    assert "x-credgate-error" not in relayed.headers
+    assert relayed.json() == {"error": {"message": "no"}}
+    assert resting.status_code == 502
+    assert resting.headers["x-credgate-error"] == "true"
+    assert resting.json()["error"]["message"] == f"every key of {PROVIDER} is out of service or cooling down"
+    found = await integrations.get_integration(ctx, project_id=project.id, provider=PROVIDER)
+    for key in found.keys:
+        assert key.id not in resting.text
+    assert provider.keys_called() == [first, last]
+
+
+@pytest.mark.parametrize("status", [500, 404, 400])
+async def test_an_answer_that_is_not_about_the_key_is_relayed_and_the_next_key_never_asked(
+    gateway_url: str, ctx: Context, project: Project, provider: Provider, status: int
+) -> None:
+    first, second = new_key("first"), new_key("second")
+    provider.answers[first] = (status, {})
+    await pool_of(ctx, project, provider, first, second)
+    assert (await call(gateway_url, project)).status_code == status
+    assert provider.keys_called() == [first]
+
+
+async def test_spread_takes_the_keys_in_turns(
+    gateway_url: str, ctx: Context, project: Project, provider: Provider
+) -> None:
+    one, two = new_key("one"), new_key("two")
+    await pool_of(ctx, project, provider, one, two, strategy="spread")
+    for _ in range(4):
+        assert (await call(gateway_url, project)).status_code == 200
+    assert provider.keys_called() == [one, two, one, two]
+
+
+async def test_a_body_too_large_to_keep_gets_one_attempt(
+    gateway_url: str, ctx: Context, project: Project, provider: Provider
+) -> None:
+    waiting, spare = new_key("waiting"), new_key("spare")
+    provider.answers[waiting] = (429, {})
+    await pool_of(ctx, project, provider, waiting, spare)
+    large = {**CHAT, "padding": "x" * (FAILOVER_MAX_BODY_BYTES + 1)}  # streamed through, not kept to send again
+
+    answer = await call(gateway_url, project, json=large)
+    assert answer.status_code == 429
+    assert provider.keys_called() == [waiting]
+    assert len(provider.calls[0][1]) > FAILOVER_MAX_BODY_BYTES
+
+
+async def test_a_pool_of_one_relays_a_refusal_and_keeps_its_key(
+    gateway_url: str, ctx: Context, project: Project, provider: Provider
+) -> None:
+    only = new_key("only")
+    provider.answers[only] = (401, {})
+    await pool_of(ctx, project, provider, only)
+    assert (await call(gateway_url, project)).status_code == 401
+    del provider.answers[only]
+    assert (await call(gateway_url, project)).status_code == 200  # never taken out: no key to take over
+    found = await integrations.get_integration(ctx, project_id=project.id, provider=PROVIDER)
+    assert [key_pools.key_state(key) for key in found.keys] == ["active"]
