@@ -1,10 +1,27 @@
 """The log line formats: JSON lines carry the request they were written for; text lines are as before."""
 
+import asyncio
+import contextlib
+import io
 import json
 import logging
+import os
+import re
 import sys
+from collections.abc import Iterator
 
-from credgate.log_format import TEXT_FORMAT, JsonFormatter, LineFormatter, request_id
+import pytest
+
+from credgate.log_format import (
+    ACCESS_LOGGER,
+    TEXT_FORMAT,
+    AccessLog,
+    CredgateHandler,
+    JsonFormatter,
+    LineFormatter,
+    formatter,
+    request_id,
+)
 
 
 def record(message: str, *, exc_info: object = None) -> logging.LogRecord:
@@ -43,3 +60,68 @@ def test_text_lines_keep_their_format() -> None:
     line = LineFormatter(TEXT_FORMAT).format(record("plain"))
     assert line.endswith("] WARNING credgate.proxy.relay: plain")
     assert line.startswith("2023-11-1")
+
+
+@contextlib.contextmanager
+def credgate_handler(log_format: str, *, level: int = logging.INFO) -> Iterator[io.StringIO]:
+    """credgate's own handler as `credgate serve` installs it, writing to a buffer, alone on the root logger."""
+    stream = io.StringIO()
+    handler = CredgateHandler(stream)
+    handler.setFormatter(formatter(log_format))
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    try:
+        yield stream
+    finally:
+        root.handlers[:], _ = saved
+        root.setLevel(saved[1])
+
+
+async def test_access_lines_are_written_in_one_go_per_loop_turn_as_logging_would_write_them() -> None:
+    with credgate_handler("text") as stream:
+        access = AccessLog()
+        access.write("GET /healthz 200 0.1ms aaaa", "aaaa", None)
+        access.write("POST /proxy/openai/chat/completions 401 0.3ms bbbb", "bbbb", None)
+        assert stream.getvalue() == ""  # not yet: at the end of this turn of the loop
+        await asyncio.sleep(0)
+        written = stream.getvalue()
+        logging.getLogger(ACCESS_LOGGER).info("GET /readyz 200 0.2ms cccc")  # through logging, for comparison
+    lines = stream.getvalue().splitlines()
+    assert written.count("\n") == 2
+    line = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} \[\d+\] INFO credgate\.access: (.*)$")
+    assert [line.fullmatch(text).group(1) for text in lines] == [  # type: ignore[union-attr]
+        "GET /healthz 200 0.1ms aaaa",
+        "POST /proxy/openai/chat/completions 401 0.3ms bbbb",
+        "GET /readyz 200 0.2ms cccc",
+    ]
+
+
+async def test_json_access_lines_carry_the_request_and_its_fields() -> None:
+    with credgate_handler("json") as stream:
+        AccessLog().write("GET /healthz 200 0.1ms aaaa", "aaaa", {"method": "GET", "status": 200})
+        await asyncio.sleep(0)
+    line = json.loads(stream.getvalue())
+    assert line == {
+        "time": line["time"],
+        "level": "info",
+        "logger": "credgate.access",
+        "pid": os.getpid(),
+        "message": "GET /healthz 200 0.1ms aaaa",
+        "request_id": "aaaa",
+        "http": {"method": "GET", "status": 200},
+    }
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", line["time"])
+
+
+async def test_access_lines_respect_the_level_and_go_through_logging_where_others_listen(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with credgate_handler("text", level=logging.WARNING) as stream:
+        AccessLog().write("GET /healthz 200 0.1ms aaaa", "aaaa", None)
+        await asyncio.sleep(0)
+    assert stream.getvalue() == ""
+    caplog.set_level(logging.INFO, logger=ACCESS_LOGGER)  # another handler: the line is a log record again
+    AccessLog().write("GET /healthz 200 0.1ms bbbb", "bbbb", None)
+    assert [record.getMessage() for record in caplog.records] == ["GET /healthz 200 0.1ms bbbb"]

@@ -7,7 +7,6 @@ the main listener serves only the proxy and health, and the admin listener every
 
 import asyncio
 import contextlib
-import logging
 import os
 import secrets
 import time
@@ -25,6 +24,7 @@ from credgate.admin_api import metrics_router, open_metrics_router
 from credgate.admin_api import router as admin_api_router
 from credgate.config import Settings
 from credgate.error_responses import error_response, install_error_handlers
+from credgate.log_format import AccessLog
 from credgate.log_format import request_id as current_request_id
 from credgate.proxy import ProxyApp
 from credgate.runtime import Runtime
@@ -32,7 +32,6 @@ from credgate.services.bootstrap import open_context
 from credgate.services.context import Context
 from credgate.services.usage import ProxiedRequest
 
-logger = logging.getLogger("credgate.access")
 REQUEST_ID_HEADER = b"x-request-id"
 CREDGATE_REQUEST_ID_HEADER = b"x-credgate-request-id"
 _READY_TIMEOUT_SECONDS = 2.0
@@ -51,6 +50,7 @@ class Gateway:
         trusted = os.environ.get("FORWARDED_ALLOW_IPS", "127.0.0.1,::1")
         self._control_plane: ASGIApp = ProxyHeadersMiddleware(control, trusted_hosts=trusted)  # type: ignore[arg-type,assignment]
         self._json_logs = runtime.settings.log_format == "json"
+        self._access_log = AccessLog()
         admin_listener = runtime.settings.admin_listener
         self._admin_port = None if admin_listener is None else admin_listener[1]
 
@@ -92,9 +92,8 @@ class Gateway:
             # The path only: a query string may carry values that are not ours to log.
             path, duration_ms = raw_path.decode("latin-1"), (time.perf_counter() - started) * 1000
             fields = _access_fields(scope["method"], path, status, duration_ms, state) if self._json_logs else None
-            logger.info(
-                "%s %s %d %.1fms %s", scope["method"], path, status, duration_ms, request_id, extra={"http": fields}
-            )
+            message = f"{scope['method']} {path} {status} {duration_ms:.1f}ms {request_id}"
+            self._access_log.write(message, request_id, fields)
 
     def _plane(self, scope: Scope, raw_path: bytes) -> ASGIApp:
         proxy = self.runtime.proxy

@@ -98,3 +98,23 @@ def request_served(project_id: str, provider: str, status: int, duration: float,
     series[0].inc()
     series[1].observe(duration)
     overhead_duration.observe(overhead)
+
+
+_by_provider: dict[tuple[str, str], tuple[Any, Any]] = {}
+
+
+def tokens_counted(project_id: str, provider: str, prompt: int | None, completion: int | None) -> None:
+    """Count the tokens a response reported, the series looked up once per (project, provider), as above."""
+    key = (project_id, provider)
+    series = _by_provider.get(key)
+    if series is None:
+        if len(_by_provider) >= 10_000:
+            _by_provider.clear()
+        series = _by_provider[key] = (
+            tokens_total.labels(project_id, provider, "prompt"),
+            tokens_total.labels(project_id, provider, "completion"),
+        )
+    if prompt:
+        series[0].inc(prompt)
+    if completion:
+        series[1].inc(completion)

@@ -31,7 +31,7 @@ from credgate import metrics
 from credgate.config import Settings
 from credgate.error_responses import ERROR_HEADER, error_body
 from credgate.errors import StartupError
-from credgate.log_format import formatter
+from credgate.log_format import CredgateHandler, formatter
 from credgate.services.bootstrap import attach_context
 from credgate.services.context import Context
 
@@ -183,7 +183,7 @@ def configure_logging(settings: Settings) -> None:
     logging._srcfile = None
     logging.logThreads = False
     logging.logMultiprocessing = False
-    handler = logging.StreamHandler()
+    handler = CredgateHandler()
     handler.setFormatter(formatter(settings.log_format))
     logging.basicConfig(level=settings.log_level.upper(), handlers=[handler])
 

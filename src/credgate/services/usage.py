@@ -142,9 +142,8 @@ def _record_of(request: ProxiedRequest) -> dict[str, object]:
     prompt, completion = extract_tokens(
         request.content_type, head, tail, content_encoding=request.content_encoding.lower()
     )
-    for kind, count in (("prompt", prompt), ("completion", completion)):
-        if count:
-            metrics.tokens_total.labels(request.project_id, request.provider, kind).inc(count)
+    if prompt or completion:
+        metrics.tokens_counted(request.project_id, request.provider, prompt, completion)
     if request.on_tokens is not None:
         try:
             request.on_tokens(prompt, completion)
