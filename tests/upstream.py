@@ -612,3 +612,38 @@ async def run_fault_relay(host: str, port: int) -> AsyncIterator[FaultRelay]:
         server.close()
         state.refuse()
         await server.wait_closed()
+
+
+@dataclass
+class KeyJudge:
+    """A stand-in provider that answers by the key it is called with, and records each call's key and body."""
+
+    url: str = ""
+    answers: dict[str, tuple[int, dict[str, str]]] = field(default_factory=dict)
+    calls: list[tuple[str, bytes]] = field(default_factory=list)
+
+    def keys_called(self) -> list[str]:
+        return [key for key, _ in self.calls]
+
+
+@asynccontextmanager
+async def run_key_judge() -> AsyncIterator[KeyJudge]:
+    state = KeyJudge()
+
+    async def answer(request: web.Request) -> web.Response:
+        key = request.headers.get("Authorization", "").removeprefix("Bearer ")
+        state.calls.append((key, await request.read()))
+        status, headers = state.answers.get(key, (200, {}))
+        body = {"error": {"message": "no"}} if status >= 400 else {"ok": True, "key_hint": key[-4:]}
+        return web.json_response(body, status=status, headers=headers)
+
+    app = web.Application(client_max_size=16 * 1024 * 1024)  # a body too large for failover (4 MiB) fits
+    app.router.add_route("*", "/{tail:.*}", answer)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    state.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    try:
+        yield state
+    finally:
+        await runner.cleanup()

@@ -6,24 +6,10 @@ from datetime import timedelta
 import httpx
 import pytest
 
-from credgate.services import admins, integrations, projects
+from credgate.services import integrations, projects
 from credgate.services.access import resolve_access
 from credgate.services.context import Context
-from tests.admin_ui.test_security import PASSWORD, csrf_of, signed_in_csrf
-from tests.secret_sweep import SWEEP
-
-KEY = "sk-test-panel-pages-key-0000qrst"
-
-
-@pytest.fixture
-async def project_id(ctx: Context) -> str:
-    SWEEP.register(KEY)
-    await admins.create_admin_user(ctx, username="admin", password=PASSWORD, actor="tests")
-    project, _ = await projects.create_project(ctx, name="p", actor="t")
-    await integrations.add_template_integration(
-        ctx, project_id=project.id, provider="openai", template_id="openai-chat-completions", api_key=KEY, actor="t"
-    )
-    return project.id
+from tests.admin_ui.test_security import csrf_of, signed_in_csrf
 
 
 def shown_token(html: str) -> str | None:

@@ -1,15 +1,17 @@
 """The specification's panel flows in a real browser, each followed by a real proxied call."""
 
 import re
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
+import pytest
 from playwright.async_api import Page, expect
 
 from tests.browser.conftest import PASSWORD, screenshot, seen, sign_in
 from tests.e2e.conftest import RunningGateway
 from tests.secret_sweep import SWEEP
-from tests.upstream import Upstream
+from tests.upstream import KeyJudge, Upstream, run_key_judge
 
 CHAT = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}
 KEY = "sk-test-panel-first-key-0000abcd"
@@ -182,3 +184,43 @@ async def test_a_phone_sized_screen_shows_the_key_table(gateway: RunningGateway,
     await expect(page.get_by_role("link", name="Rotate", exact=True)).to_be_visible()
     assert await page.evaluate("document.documentElement.scrollWidth <= window.innerWidth + 1")
     await screenshot(page, "phone", tmp_path)
+
+
+@pytest.fixture
+async def judge() -> AsyncIterator[KeyJudge]:
+    async with run_key_judge() as running:
+        yield running
+
+
+async def test_a_second_key_takes_over_when_the_provider_refuses_the_first_and_the_pool_page_says_so(
+    gateway: RunningGateway, page: Page, judge: KeyJudge
+) -> None:
+    await sign_in(page, gateway)
+    project_url, token = await create_project(page, gateway)
+    project_id = project_url.rstrip("/").rsplit("/", 1)[1]
+    add = ("integrations", "add", project_id, "pool", "--base-url", judge.url, "--api-key-stdin")
+    added = gateway.cli(*add, stdin=KEY)
+    assert added.returncode == 0, added.stderr
+    assert gateway.cli("integrations", "set-endpoints", project_id, "pool", "* **").returncode == 0
+
+    await page.goto(project_url)
+    await page.get_by_role("link", name="Keys", exact=True).click()
+    await page.get_by_label("Label").fill("backup account")
+    await page.get_by_label("API key").fill(CUSTOM_KEY)
+    await page.get_by_role("button", name="Add key").click()
+    rows = page.locator("table.pool tbody tr")
+    await expect(rows).to_have_count(2)
+    await expect(rows.nth(1)).to_contain_text("backup account")
+
+    judge.answers[KEY] = (401, {})  # the first key's account was closed at the provider
+    answer = await proxied(gateway, token, "pool/v1/chat/completions")
+    assert answer.status_code == 200
+    assert judge.keys_called() == [KEY, CUSTOM_KEY]
+    await page.reload()
+    await expect(rows.first).to_contain_text("out of service refused by the provider (401)")
+
+    del judge.answers[KEY]  # reopened: the admin puts the key back
+    await rows.first.get_by_role("button", name="Enable").click()
+    await expect(rows.first).to_contain_text("active")
+    assert KEY not in await seen(page)
+    assert CUSTOM_KEY not in await seen(page)

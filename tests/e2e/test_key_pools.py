@@ -5,19 +5,18 @@ import asyncio
 import json
 import secrets
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 
 import httpx
 import pytest
-from aiohttp import web
 from prometheus_client import REGISTRY
 
 from credgate.proxy.key_pools import FAILOVER_MAX_BODY_BYTES
 from credgate.services import audit, integrations, key_pools
 from credgate.services.context import Context
 from credgate.services.integrations import IntegrationChanges
-from tests.e2e.conftest import Project, add_custom, free_port
+from tests.e2e.conftest import Project, add_custom
 from tests.secret_sweep import SWEEP
+from tests.upstream import KeyJudge, run_key_judge
 
 PROVIDER = "pool"
 CHAT = {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}
@@ -29,43 +28,13 @@ def new_key(name: str) -> str:
     return key
 
 
-@dataclass
-class Provider:
-    """A stand-in provider that answers by the key it is called with, and records each call's key and body."""
-
-    url: str = ""
-    answers: dict[str, tuple[int, dict[str, str]]] = field(default_factory=dict)
-    calls: list[tuple[str, bytes]] = field(default_factory=list)
-
-    def keys_called(self) -> list[str]:
-        return [key for key, _ in self.calls]
-
-
 @pytest.fixture
-async def provider() -> AsyncIterator[Provider]:
-    state = Provider()
-
-    async def answer(request: web.Request) -> web.Response:
-        key = request.headers.get("Authorization", "").removeprefix("Bearer ")
-        state.calls.append((key, await request.read()))
-        status, headers = state.answers.get(key, (200, {}))
-        body = {"error": {"message": "no"}} if status >= 400 else {"ok": True, "key_hint": key[-4:]}
-        return web.json_response(body, status=status, headers=headers)
-
-    app = web.Application(client_max_size=4 * FAILOVER_MAX_BODY_BYTES)
-    app.router.add_route("*", "/{tail:.*}", answer)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    state.url = f"http://127.0.0.1:{port}"
-    try:
-        yield state
-    finally:
-        await runner.cleanup()
+async def provider() -> AsyncIterator[KeyJudge]:
+    async with run_key_judge() as judge:
+        yield judge
 
 
-async def pool_of(ctx: Context, project: Project, provider: Provider, *keys: str, strategy: str = "failover") -> None:
+async def pool_of(ctx: Context, project: Project, provider: KeyJudge, *keys: str, strategy: str = "failover") -> None:
     """The project's `pool` integration, holding `keys` in that order."""
     await add_custom(ctx, project, PROVIDER, provider.url)
     await integrations.set_provider_key(ctx, project_id=project.id, provider=PROVIDER, api_key=keys[0], actor="t")
@@ -92,7 +61,7 @@ def failovers(reason: str) -> float:
 
 
 async def test_a_key_told_to_wait_passes_the_request_to_the_next_which_is_used_until_it_has_rested(
-    gateway_url: str, ctx: Context, project: Project, provider: Provider
+    gateway_url: str, ctx: Context, project: Project, provider: KeyJudge
 ) -> None:
     waiting, spare = new_key("waiting"), new_key("spare")
     provider.answers[waiting] = (429, {"Retry-After": "120"})
@@ -111,7 +80,7 @@ async def test_a_key_told_to_wait_passes_the_request_to_the_next_which_is_used_u
 
 
 async def test_a_refused_key_is_out_of_service_shown_and_audited_until_an_admin_puts_it_back(
-    gateway_url: str, ctx: Context, project: Project, provider: Provider
+    gateway_url: str, ctx: Context, project: Project, provider: KeyJudge
 ) -> None:
     dead, spare = new_key("dead"), new_key("spare")
     provider.answers[dead] = (401, {})
@@ -146,7 +115,7 @@ async def key_pools_settled(ctx: Context, project: Project) -> None:
 
 
 async def test_the_last_keys_answer_is_relayed_as_is_and_with_every_key_resting_a_502_names_none(
-    gateway_url: str, ctx: Context, project: Project, provider: Provider
+    gateway_url: str, ctx: Context, project: Project, provider: KeyJudge
 ) -> None:
     first, last = new_key("first"), new_key("last")
     provider.answers[first] = (429, {"Retry-After": "60"})
@@ -170,7 +139,7 @@ async def test_the_last_keys_answer_is_relayed_as_is_and_with_every_key_resting_
 
 @pytest.mark.parametrize("status", [500, 404, 400])
 async def test_an_answer_that_is_not_about_the_key_is_relayed_and_the_next_key_never_asked(
-    gateway_url: str, ctx: Context, project: Project, provider: Provider, status: int
+    gateway_url: str, ctx: Context, project: Project, provider: KeyJudge, status: int
 ) -> None:
     first, second = new_key("first"), new_key("second")
     provider.answers[first] = (status, {})
@@ -180,7 +149,7 @@ async def test_an_answer_that_is_not_about_the_key_is_relayed_and_the_next_key_n
 
 
 async def test_spread_takes_the_keys_in_turns(
-    gateway_url: str, ctx: Context, project: Project, provider: Provider
+    gateway_url: str, ctx: Context, project: Project, provider: KeyJudge
 ) -> None:
     one, two = new_key("one"), new_key("two")
     await pool_of(ctx, project, provider, one, two, strategy="spread")
@@ -190,7 +159,7 @@ async def test_spread_takes_the_keys_in_turns(
 
 
 async def test_a_body_too_large_to_keep_gets_one_attempt(
-    gateway_url: str, ctx: Context, project: Project, provider: Provider
+    gateway_url: str, ctx: Context, project: Project, provider: KeyJudge
 ) -> None:
     waiting, spare = new_key("waiting"), new_key("spare")
     provider.answers[waiting] = (429, {})
@@ -204,7 +173,7 @@ async def test_a_body_too_large_to_keep_gets_one_attempt(
 
 
 async def test_a_pool_of_one_relays_a_refusal_and_keeps_its_key(
-    gateway_url: str, ctx: Context, project: Project, provider: Provider
+    gateway_url: str, ctx: Context, project: Project, provider: KeyJudge
 ) -> None:
     only = new_key("only")
     provider.answers[only] = (401, {})

@@ -1,0 +1,145 @@
+"""An integration's key pool: its keys in order with their states, a key added, moved, disabled or enabled,
+removed, and the pool's strategy. A key is posted once, blank; no page ever holds a stored one."""
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from credgate.admin_ui.base import Visit, field, field_error, form_of, redirect, render, visit
+from credgate.errors import Conflict, InvalidInput
+from credgate.services import integrations, key_pools, projects
+from credgate.services.integrations import IntegrationChanges
+from credgate.services.key_pools import key_state
+
+STRATEGIES = {"failover": "Failover: in order, the next key when one is out", "spread": "Spread: the keys take turns"}
+
+
+async def _pool_page(
+    request: Request, current: Visit, extra: dict[str, object] | None = None, status: int = 200
+) -> Response:
+    project_id, provider = request.path_params["project_id"], request.path_params["provider"]
+    project = await projects.get_project(current.ctx, project_id=project_id)
+    integration = await integrations.get_integration(current.ctx, project_id=project_id, provider=provider)
+    context = {
+        "project": project,
+        "integration": integration,
+        "keys": [(key, key_state(key)) for key in integration.keys],
+        "strategies": STRATEGIES,
+        "errors": {},
+        "label": "",
+    }
+    return await render(request, "keys.html", context | (extra or {}), current=current, status=status)
+
+
+def _back(request: Request) -> str:
+    return f"/admin/projects/{request.path_params['project_id']}/integrations/{request.path_params['provider']}/keys"
+
+
+async def pool(request: Request) -> Response:
+    return await _pool_page(request, await visit(request))
+
+
+async def add(request: Request) -> Response:
+    current = await visit(request)
+    form = await form_of(request, current)
+    label = field(form, "label")
+    try:
+        await key_pools.add_key(
+            current.ctx,
+            project_id=request.path_params["project_id"],
+            provider=request.path_params["provider"],
+            api_key=str(form.get("api_key") or ""),
+            label=label,
+            actor=current.actor,
+        )
+    except (InvalidInput, Conflict) as error:
+        # The label comes back; the key never does, and the message says so next to its field.
+        errors = field_error(error) if isinstance(error, InvalidInput) else {"api_key": error.message}
+        if "api_key" not in errors:
+            errors["api_key"] = "Enter the key again: it is never sent back to the page."
+        return await _pool_page(request, current, {"errors": errors, "label": label}, status=422)
+    await current.flash(f"Key added to {request.path_params['provider']}: it is in service now.")
+    return redirect(_back(request))
+
+
+async def change(request: Request) -> Response:
+    """Move up, disable or enable a key (the button's `action`)."""
+    current = await visit(request)
+    form = await form_of(request, current)
+    key_id, action = request.path_params["key_id"], field(form, "action")
+    found = await integrations.get_integration(
+        current.ctx, project_id=request.path_params["project_id"], provider=request.path_params["provider"]
+    )
+    position = next((key.position for key in found.keys if key.id == key_id), None)
+    changes: dict[str, object] = {}
+    if action == "up" and position:
+        changes["position"] = [key.id for key in found.keys].index(key_id) - 1
+    elif action in ("disable", "enable"):
+        changes["disabled"] = action == "disable"
+    await key_pools.update_key(
+        current.ctx,
+        project_id=request.path_params["project_id"],
+        provider=request.path_params["provider"],
+        key_id=key_id,
+        actor=current.actor,
+        **changes,  # type: ignore[arg-type]
+    )
+    done = {"up": "moved up", "disable": "disabled", "enable": "back in service"}.get(action, "unchanged")
+    await current.flash(f"Key {done}.")
+    return redirect(_back(request))
+
+
+async def remove_confirm(request: Request) -> Response:
+    current = await visit(request)
+    context = {
+        "title": "Remove this key from the pool?",
+        "consequence": "The key is destroyed. The other keys of the pool go on serving; with none left in service, "
+        "every call to this provider gets 403 until a key is set.",
+        "action": request.url.path,
+        "button": "Remove key",
+        "back": _back(request),
+    }
+    return await render(request, "confirm.html", context, current=current)
+
+
+async def remove(request: Request) -> Response:
+    current = await visit(request)
+    await form_of(request, current)
+    await key_pools.remove_key(
+        current.ctx,
+        project_id=request.path_params["project_id"],
+        provider=request.path_params["provider"],
+        key_id=request.path_params["key_id"],
+        actor=current.actor,
+    )
+    await current.flash("Key removed.")
+    return redirect(_back(request))
+
+
+async def strategy(request: Request) -> Response:
+    current = await visit(request)
+    form = await form_of(request, current)
+    chosen = field(form, "key_strategy")
+    if chosen not in STRATEGIES:
+        errors = {"key_strategy": "Choose failover or spread."}
+        return await _pool_page(request, current, {"errors": errors}, status=422)
+    await integrations.update_integration(
+        current.ctx,
+        project_id=request.path_params["project_id"],
+        provider=request.path_params["provider"],
+        changes=IntegrationChanges(key_strategy=chosen),  # type: ignore[arg-type]
+        actor=current.actor,
+    )
+    await current.flash(f"Strategy saved: {chosen}.")
+    return redirect(_back(request))
+
+
+_KEYS = "/projects/{project_id}/integrations/{provider}/keys"
+routes = [
+    Route(_KEYS, pool, methods=["GET"]),
+    Route(_KEYS, add, methods=["POST"]),
+    Route(f"{_KEYS}/strategy", strategy, methods=["POST"]),
+    Route(_KEYS + "/{key_id}", change, methods=["POST"]),
+    Route(_KEYS + "/{key_id}/remove", remove_confirm, methods=["GET"]),
+    Route(_KEYS + "/{key_id}/remove", remove, methods=["POST"]),
+]
