@@ -36,6 +36,7 @@ from credgate.admin_api.schemas import (
     RequestRecordOut,
     TemplateOut,
     UsageOut,
+    VerificationOut,
 )
 from credgate.app import create_app
 from credgate.catalog import Template
@@ -57,6 +58,7 @@ from credgate.limits import (
     parse_float,
     parse_int,
 )
+from credgate.runtime import Runtime
 from credgate.server import bind_listeners, configure_logging, exit_zero_on_sigterm, run_workers, server_config
 from credgate.services import (
     admins,
@@ -67,9 +69,11 @@ from credgate.services import (
     panel_sessions,
     projects,
     usage,
+    verification,
 )
 from credgate.services.bootstrap import open_context
 from credgate.services.context import Context
+from credgate.services.verification import Verification
 from credgate.specs import AuthSpec, Endpoint
 from credgate.storage.models import Integration
 from credgate.tracing import tracing_requested
@@ -723,6 +727,25 @@ def keys_update(
         ),
     )
     _print(IntegrationOut.of(found))
+
+
+@keys_group.command("verify")
+@click.argument("project_id")
+@click.argument("provider")
+@click.argument("key_id")
+@pass_settings
+def keys_verify(settings: Settings, project_id: str, provider: str, key_id: str) -> None:
+    """Ask the provider, with the template's cheap call, whether it accepts a key of the pool (whatever its state:
+    a new key can be checked before it is moved first)."""
+
+    async def work(ctx: Context) -> Verification:
+        runtime = Runtime(settings, open_context, context=ctx)  # the proxy's own guarded, bounded call
+        async with runtime.running():
+            return await verification.verify_provider_key(
+                ctx, runtime.verify_key, project_id=project_id, provider=provider, key_id=key_id
+            )
+
+    _print(VerificationOut.of(_run(settings, work)))
 
 
 @keys_group.command("remove")

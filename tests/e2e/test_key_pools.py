@@ -3,18 +3,21 @@ wait (429, 402), before any byte reached the client; a refused key is out of ser
 
 import asyncio
 import json
+import os
 import secrets
+import subprocess
 from collections.abc import AsyncIterator
 
 import httpx
 import pytest
 from prometheus_client import REGISTRY
 
+from credgate.config import Settings
 from credgate.proxy.key_pools import FAILOVER_MAX_BODY_BYTES
-from credgate.services import audit, integrations, key_pools
+from credgate.services import admins, audit, integrations, key_pools
 from credgate.services.context import Context
 from credgate.services.integrations import IntegrationChanges
-from tests.e2e.conftest import Project, add_custom
+from tests.e2e.conftest import CREDGATE, Project, add_custom
 from tests.secret_sweep import SWEEP
 from tests.upstream import KeyJudge, run_key_judge
 
@@ -183,3 +186,60 @@ async def test_a_pool_of_one_relays_a_refusal_and_keeps_its_key(
     assert (await call(gateway_url, project)).status_code == 200  # never taken out: no key to take over
     found = await integrations.get_integration(ctx, project_id=project.id, provider=PROVIDER)
     assert [key_pools.key_state(key) for key in found.keys] == ["active"]
+
+
+async def test_a_key_of_the_pool_is_verified_whatever_its_state_before_it_takes_over(
+    gateway_url: str, ctx: Context, settings: Settings, project: Project, provider: KeyJudge
+) -> None:
+    """The rotation flow: add the new key disabled, verify it, move it first and enable it, remove the old one."""
+    old, new = new_key("old"), new_key("new")
+    await integrations.add_template_integration(
+        ctx,
+        project_id=project.id,
+        provider="rotating",
+        template_id="openai-chat-completions",
+        api_key=old,
+        base_url=f"{provider.url}/v1",
+        actor="t",
+    )
+    _, staged = await key_pools.add_key(ctx, project_id=project.id, provider="rotating", api_key=new, actor="t")
+    await key_pools.update_key(
+        ctx, project_id=project.id, provider="rotating", key_id=staged.id, disabled=True, actor="t"
+    )
+    admin = {"authorization": f"Bearer {await admins.create_admin_token(ctx, name='v', actor='t')}"}
+    keys = f"{gateway_url}/api/v1/projects/{project.id}/integrations/rotating/keys"
+    provider.answers[new] = (401, {})  # not yet active at the provider
+    async with httpx.AsyncClient(headers=admin, timeout=10) as api:
+        refused = await api.post(f"{keys}/{staged.id}/verify")
+        del provider.answers[new]
+        accepted = await api.post(f"{keys}/{staged.id}/verify")
+        unknown = await api.post(f"{keys}/key_nope/verify")
+        promoted = await api.patch(f"{keys}/{staged.id}", json={"position": 0, "disabled": False})
+    assert refused.json() == {"accepted": False, "status": 401, "message": "the provider refused the key"}
+    assert accepted.json() == {"accepted": True, "status": 200, "message": "the provider accepted the key"}
+    assert unknown.status_code == 404
+    assert provider.calls[-1] == (new, b"")  # the template's cheap call, with the staged key
+    assert promoted.json()["keys"][0]["id"] == staged.id
+    assert provider.keys_called() == [new, new]
+
+    # The same check from the CLI, which makes the call through the proxy's own guarded client.
+    env = {
+        **os.environ,
+        "CREDGATE_DATA_DIR": str(settings.data_dir),
+        "CREDGATE_DATABASE_URL": settings.resolved_database_url,
+        "CREDGATE_ALLOW_PRIVATE_UPSTREAMS": "true",
+    }
+    old_id = next(
+        key.id
+        for key in (await integrations.get_integration(ctx, project_id=project.id, provider="rotating")).keys
+        if key.id != staged.id
+    )
+    provider.answers[old] = (403, {})
+    command = [CREDGATE, "keys", "verify", project.id, "rotating", old_id]
+    result = await asyncio.to_thread(subprocess.run, command, capture_output=True, text=True, env=env, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == {"accepted": False, "status": 403, "message": "the provider refused the key"}
+    SWEEP.capture("cli keys verify", result.stdout + result.stderr)
+    for answer in (refused, accepted, promoted):
+        assert new not in answer.text
+        assert old not in answer.text

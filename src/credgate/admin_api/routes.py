@@ -307,6 +307,18 @@ async def update_pool_key(
     return IntegrationOut.of(integration)
 
 
+@router.post("/projects/{project_id}/integrations/{provider}/keys/{key_id}/verify")
+async def verify_pool_key(
+    project_id: str, provider: str, key_id: str, ctx: ContextDep, _actor: Actor, request: Request
+) -> VerificationOut:
+    """The template's cheap call with this key, whatever its state: whether the provider accepts it."""
+    verifier = runtime_of(request).verify_key
+    found = await verification.verify_provider_key(
+        ctx, verifier, project_id=project_id, provider=provider, key_id=key_id
+    )
+    return VerificationOut.of(found)
+
+
 @router.delete("/projects/{project_id}/integrations/{provider}/keys/{key_id}")
 async def remove_pool_key(project_id: str, provider: str, key_id: str, ctx: ContextDep, actor: Actor) -> IntegrationOut:
     integration = await key_pools.remove_key(ctx, project_id=project_id, provider=provider, key_id=key_id, actor=actor)

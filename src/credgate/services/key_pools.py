@@ -36,7 +36,7 @@ def _label(label: str) -> str:
     return label
 
 
-def _find(integration: Integration, key_id: str) -> ProviderKey:
+def find_key(integration: Integration, key_id: str) -> ProviderKey:
     for key in integration.keys:
         if key.id == key_id:
             return key
@@ -73,7 +73,7 @@ async def update_key(
     provider refused puts it back in service: the admin's answer to the refusal."""
     async with ctx.change(actor=actor, action="provider_key.update", project_id=project_id, provider=provider) as repo:
         integration = await require_integration(repo, project_id, provider)
-        key = _find(integration, key_id)
+        key = find_key(integration, key_id)
         if label is not None:
             key.label = _label(label)
         if disabled is not None:
@@ -96,7 +96,7 @@ async def remove_key(ctx: Context, *, project_id: str, provider: str, key_id: st
     """Remove a key from the pool; its secret goes with its row."""
     async with ctx.change(actor=actor, action="provider_key.remove", project_id=project_id, provider=provider) as repo:
         integration = await require_integration(repo, project_id, provider)
-        integration.keys.remove(_find(integration, key_id))
+        integration.keys.remove(find_key(integration, key_id))
         integration.updated_at = ctx.clock()
     return integration
 
@@ -109,7 +109,7 @@ async def take_key_out_of_service(ctx: Context, *, project_id: str, provider: st
         actor=PROVIDER_ACTOR, action="provider_key.out_of_service", project_id=project_id, provider=provider
     ) as repo:
         integration = await require_integration(repo, project_id, provider)
-        key = _find(integration, key_id)
+        key = find_key(integration, key_id)
         in_service = [each for each in integration.keys if key_state(each) == "active"]
         if key_state(key) == "active" and len(in_service) > 1:
             key.failed_at = ctx.clock()

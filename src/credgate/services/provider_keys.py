@@ -110,6 +110,13 @@ def usable_keys(keyring: KeyRing, integration: Integration) -> tuple[PoolKey, ..
     )
 
 
+def open_pool_key(keyring: KeyRing, integration: Integration, key: ProviderKey) -> Secret | None:
+    """One key of the pool, opened whatever its state; None once revoked."""
+    if key.ciphertext is None:
+        return None
+    return Secret(keyring.open(key.ciphertext, aad=_binding(integration)).decode())
+
+
 def open_provider_key(keyring: KeyRing, integration: Integration) -> Secret | None:
     """The first key in service (the single-key view of the pool)."""
     usable = usable_keys(keyring, integration)

@@ -1,7 +1,7 @@
 """Verification of a provider key on save: a cheap call (a template's `verify`) that says whether the
 provider accepts the key. The call itself is made by the data plane, which implements `KeyVerifier`."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from credgate.paths import rebase_path
@@ -9,6 +9,8 @@ from credgate.resolved import ResolvedIntegration
 from credgate.services.access import resolved_integration
 from credgate.services.context import Context
 from credgate.services.integrations import get_integration
+from credgate.services.key_pools import find_key
+from credgate.services.provider_keys import open_pool_key
 from credgate.specs import Endpoint
 
 
@@ -33,9 +35,13 @@ def verdict(status: int) -> Verification:
     return Verification(accepted=None, status=status, message=f"the provider answered {status}: nothing to tell")
 
 
-async def verify_provider_key(ctx: Context, verifier: KeyVerifier, *, project_id: str, provider: str) -> Verification:
-    """Ask the provider whether it accepts the integration's key, with a verification call of its templates."""
+async def verify_provider_key(
+    ctx: Context, verifier: KeyVerifier, *, project_id: str, provider: str, key_id: str | None = None
+) -> Verification:
+    """Ask the provider whether it accepts the integration's key (the first in service, or the pool's key
+    `key_id` whatever its state), with a verification call of its templates."""
     integration = await get_integration(ctx, project_id=project_id, provider=provider)
+    chosen = None if key_id is None else find_key(integration, key_id)
     templates = [ctx.templates[id] for id in integration.templates if id in ctx.templates]
     call = next(
         (
@@ -51,6 +57,8 @@ async def verify_provider_key(ctx: Context, verifier: KeyVerifier, *, project_id
     if call is None:
         return Verification(accepted=None, status=None, message="no verification call is known for this integration")
     resolved = resolved_integration(ctx, integration)
+    if chosen is not None:
+        resolved = replace(resolved, credential=open_pool_key(ctx.keyring, integration, chosen))
     if resolved.credential is None:
         return Verification(accepted=False, status=None, message="the key is revoked")
     return await verifier(project_id=project_id, integration=resolved, call=call)
