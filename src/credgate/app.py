@@ -136,12 +136,12 @@ class BuiltOnFirstUse:
         await self._app(scope, receive, send)
 
 
-def _panel(get_context: Callable[[], Context]) -> ASGIApp:
+def _panel(runtime: Runtime) -> ASGIApp:
     # Imported on the panel's first request: its templates (Jinja2) cost each worker about 10 MB, and a worker
     # that serves only the proxy never needs them.
     from credgate.admin_ui import create_panel
 
-    return create_panel(get_context)
+    return create_panel(lambda: runtime.context, runtime.verify_key)
 
 
 def create_app(
@@ -169,7 +169,7 @@ def create_app(
     control.include_router(admin_api_router)
     # On an admin listener of its own, /metrics is open as Prometheus expects; on the one listener, it is admin-only.
     control.include_router(open_metrics_router if settings.admin_listener else metrics_router)
-    control.mount("/admin", BuiltOnFirstUse(lambda: _panel(lambda: runtime.context)))
+    control.mount("/admin", BuiltOnFirstUse(lambda: _panel(runtime)))
 
     @control.get("/healthz", include_in_schema=False)
     async def healthz() -> dict[str, str]:

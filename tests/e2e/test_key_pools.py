@@ -17,6 +17,7 @@ from credgate.proxy.key_pools import FAILOVER_MAX_BODY_BYTES
 from credgate.services import admins, audit, integrations, key_pools
 from credgate.services.context import Context
 from credgate.services.integrations import IntegrationChanges
+from tests.admin_ui.test_security import PASSWORD, signed_in_csrf
 from tests.e2e.conftest import CREDGATE, Project, add_custom
 from tests.secret_sweep import SWEEP
 from tests.upstream import KeyJudge, run_key_judge
@@ -243,3 +244,29 @@ async def test_a_key_of_the_pool_is_verified_whatever_its_state_before_it_takes_
     for answer in (refused, accepted, promoted):
         assert new not in answer.text
         assert old not in answer.text
+
+
+async def test_the_panel_verifies_a_key_of_the_pool_through_the_running_gateway(
+    gateway_url: str, ctx: Context, project: Project, provider: KeyJudge
+) -> None:
+    staged = new_key("staged")
+    await integrations.add_template_integration(
+        ctx,
+        project_id=project.id,
+        provider="rotating",
+        template_id="openai-chat-completions",
+        api_key=new_key("current"),
+        base_url=f"{provider.url}/v1",
+        actor="t",
+    )
+    _, key = await key_pools.add_key(ctx, project_id=project.id, provider="rotating", api_key=staged, actor="t")
+    await admins.create_admin_user(ctx, username="admin", password=PASSWORD, actor="t")
+    provider.answers[staged] = (401, {})
+    async with httpx.AsyncClient(base_url=gateway_url, timeout=10) as panel:
+        csrf = await signed_in_csrf(panel)
+        page = f"/admin/projects/{project.id}/integrations/rotating/keys"
+        answer = await panel.post(f"{page}/{key.id}", data={"csrf": csrf, "action": "verify"}, follow_redirects=True)
+    assert answer.status_code == 200
+    assert "Verification: the provider refused the key (status 401)." in answer.text
+    assert provider.calls[-1] == (staged, b"")
+    assert staged not in answer.text

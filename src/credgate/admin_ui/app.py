@@ -15,12 +15,14 @@ from credgate.admin_ui.base import Panel, SignInRequired, render
 from credgate.admin_ui.security import SecurityHeaders
 from credgate.errors import ServiceError
 from credgate.services.context import Context
+from credgate.services.verification import KeyVerifier
 
 HERE = Path(__file__).parent
 
 
-def create_panel(get_context: Callable[[], Context]) -> SecurityHeaders:
-    """The panel; `get_context` gives the services' context once the gateway has started."""
+def create_panel(get_context: Callable[[], Context], verify_key: KeyVerifier | None = None) -> SecurityHeaders:
+    """The panel; `get_context` gives the services' context once the gateway has started, `verify_key` makes a
+    key's verification call."""
     routes = [
         Route("/", lambda request: RedirectResponse("/admin/projects", status_code=303)),
         *auth_pages.routes,
@@ -37,7 +39,7 @@ def create_panel(get_context: Callable[[], Context]) -> SecurityHeaders:
             HTTPException: _http_error,
         },
     )
-    app.state.panel = Panel(get_context)
+    app.state.panel = Panel(get_context, verify_key)
     return SecurityHeaders(app)
 
 

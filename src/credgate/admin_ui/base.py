@@ -17,6 +17,7 @@ from credgate.key_shapes import KEY_SHAPES
 from credgate.services.context import Context
 from credgate.services.panel_sessions import SignedIn, resume_session
 from credgate.services.panel_state import flash_message, take_flash
+from credgate.services.verification import KeyVerifier
 
 templates = Jinja2Templates(directory=Path(__file__).parent / "templates")
 templates.env.globals["limits"] = limits  # the pages' maxlength and hints, from the one definition
@@ -28,8 +29,9 @@ class SignInRequired(Exception):
 
 
 class Panel:
-    def __init__(self, get_context: Callable[[], Context]) -> None:
+    def __init__(self, get_context: Callable[[], Context], verify_key: KeyVerifier | None = None) -> None:
         self._get_context = get_context
+        self.verify_key = verify_key  # the running gateway's: a key's check is a call like any proxied one
         self.throttle = SignInThrottle()
 
     @property

@@ -6,8 +6,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from credgate.admin_ui.base import Visit, field, field_error, form_of, redirect, render, visit
-from credgate.errors import Conflict, InvalidInput
-from credgate.services import integrations, key_pools, projects
+from credgate.errors import Conflict, InvalidInput, Unavailable
+from credgate.services import integrations, key_pools, projects, verification
 from credgate.services.integrations import IntegrationChanges
 from credgate.services.key_pools import key_state
 
@@ -67,6 +67,8 @@ async def change(request: Request) -> Response:
     current = await visit(request)
     form = await form_of(request, current)
     key_id, action = request.path_params["key_id"], field(form, "action")
+    if action == "verify":
+        return await _verify(request, current, key_id)
     found = await integrations.get_integration(
         current.ctx, project_id=request.path_params["project_id"], provider=request.path_params["provider"]
     )
@@ -86,6 +88,23 @@ async def change(request: Request) -> Response:
     )
     done = {"up": "moved up", "disable": "disabled", "enable": "back in service"}.get(action, "unchanged")
     await current.flash(f"Key {done}.")
+    return redirect(_back(request))
+
+
+async def _verify(request: Request, current: Visit, key_id: str) -> Response:
+    """The template's cheap call with this key, whatever its state; what the provider said, as a message."""
+    verifier = current.panel.verify_key
+    if verifier is None:
+        raise Unavailable("key verification needs the running gateway")
+    found = await verification.verify_provider_key(
+        current.ctx,
+        verifier,
+        project_id=request.path_params["project_id"],
+        provider=request.path_params["provider"],
+        key_id=key_id,
+    )
+    status = "" if found.status is None else f" (status {found.status})"
+    await current.flash(f"Verification: {found.message}{status}.")
     return redirect(_back(request))
 
 
