@@ -41,7 +41,8 @@ class LineFormatter(logging.Formatter):
 
     def access_line(self, message: str, request: str, fields: dict[str, Any] | None) -> str:
         """The access line as `format` would make it of the access logger's INFO record."""
-        return f"{self.time_text(time.time())} [{os.getpid()}] INFO {ACCESS_LOGGER}: {message}"
+        names = {"asctime": self.time_text(time.time()), "process": os.getpid(), "levelname": "INFO"}
+        return self._fmt % (names | {"name": ACCESS_LOGGER, "message": message})  # type: ignore[operator]
 
 
 class JsonFormatter(LineFormatter):
@@ -52,34 +53,47 @@ class JsonFormatter(LineFormatter):
     default_time_format = "%Y-%m-%dT%H:%M:%S"
 
     def format(self, record: logging.LogRecord) -> str:
-        line: dict[str, Any] = {
-            "time": f"{self.formatTime(record)}Z".replace(",", "."),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "pid": record.process,
-            "message": record.getMessage(),
-        }
-        found = getattr(record, "request_id", None) or request_id.get()
-        if found is not None:
-            line["request_id"] = found
-        http = getattr(record, "http", None)  # None on every line but a JSON access line
-        if http is not None:
-            line["http"] = http
+        exception = None
         if record.exc_info:
-            line["exception"] = "".join(traceback.format_exception(*record.exc_info)).rstrip()
-        return json.dumps(line, ensure_ascii=False, default=str)
+            exception = "".join(traceback.format_exception(*record.exc_info)).rstrip()
+        return self._line(
+            record.created,
+            record.levelname,
+            record.name,
+            record.process,
+            record.getMessage(),
+            getattr(record, "request_id", None) or request_id.get(),
+            getattr(record, "http", None),  # None on every line but a JSON access line
+            exception,
+        )
 
     def access_line(self, message: str, request: str, fields: dict[str, Any] | None) -> str:
-        line = {
-            "time": f"{self.time_text(time.time())}Z".replace(",", "."),
-            "level": "info",
-            "logger": ACCESS_LOGGER,
-            "pid": os.getpid(),
+        return self._line(time.time(), "INFO", ACCESS_LOGGER, os.getpid(), message, request, fields, None)
+
+    def _line(
+        self,
+        created: float,
+        level: str,
+        logger: str,
+        pid: int | None,
+        message: str,
+        request: str | None,
+        http: dict[str, Any] | None,
+        exception: str | None,
+    ) -> str:
+        line: dict[str, Any] = {
+            "time": f"{self.time_text(created)}Z".replace(",", "."),
+            "level": level.lower(),
+            "logger": logger,
+            "pid": pid,
             "message": message,
-            "request_id": request,
         }
-        if fields is not None:
-            line["http"] = fields
+        if request is not None:
+            line["request_id"] = request
+        if http is not None:
+            line["http"] = http
+        if exception is not None:
+            line["exception"] = exception
         return json.dumps(line, ensure_ascii=False, default=str)
 
 

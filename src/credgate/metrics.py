@@ -6,6 +6,7 @@ module is first imported). Labels hold ids and names an admin chose, never a tok
 """
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import (
@@ -81,40 +82,43 @@ def forget_process(pid: int) -> None:
 
 
 _by_request: dict[tuple[str, str, int], tuple[Any, Any]] = {}
-
-
-def request_served(project_id: str, provider: str, status: int, duration: float, overhead: float) -> None:
-    """Count one proxied request. The labelled series are looked up once per (project, provider, status), not
-    once a request: prometheus-client's own look-up costs more than the counting."""
-    key = (project_id, provider, status)
-    series = _by_request.get(key)
-    if series is None:
-        if len(_by_request) >= 10_000:
-            _by_request.clear()  # bounded: a look-up again, never a lost count
-        series = _by_request[key] = (
-            requests_total.labels(project_id, provider, str(status)),
-            request_duration.labels(provider),
-        )
-    series[0].inc()
-    series[1].observe(duration)
-    overhead_duration.observe(overhead)
-
-
 _by_provider: dict[tuple[str, str], tuple[Any, Any]] = {}
 
 
-def tokens_counted(project_id: str, provider: str, prompt: int | None, completion: int | None) -> None:
-    """Count the tokens a response reported, the series looked up once per (project, provider), as above."""
-    key = (project_id, provider)
-    series = _by_provider.get(key)
+def _series(cache: dict[Any, tuple[Any, Any]], key: Any, look_up: Callable[[], tuple[Any, Any]]) -> tuple[Any, Any]:
+    """Labelled series looked up once per label values, not once a request: prometheus-client's own look-up
+    costs more than the counting. Bounded: a look-up again, never a lost count."""
+    series = cache.get(key)
     if series is None:
-        if len(_by_provider) >= 10_000:
-            _by_provider.clear()
-        series = _by_provider[key] = (
+        if len(cache) >= 10_000:
+            cache.clear()
+        series = cache[key] = look_up()
+    return series
+
+
+def request_served(project_id: str, provider: str, status: int, duration: float, overhead: float) -> None:
+    """Count one proxied request."""
+    requests, durations = _series(
+        _by_request,
+        (project_id, provider, status),
+        lambda: (requests_total.labels(project_id, provider, str(status)), request_duration.labels(provider)),
+    )
+    requests.inc()
+    durations.observe(duration)
+    overhead_duration.observe(overhead)
+
+
+def tokens_counted(project_id: str, provider: str, prompt: int | None, completion: int | None) -> None:
+    """Count the tokens a response reported."""
+    prompts, completions = _series(
+        _by_provider,
+        (project_id, provider),
+        lambda: (
             tokens_total.labels(project_id, provider, "prompt"),
             tokens_total.labels(project_id, provider, "completion"),
-        )
+        ),
+    )
     if prompt:
-        series[0].inc(prompt)
+        prompts.inc(prompt)
     if completion:
-        series[1].inc(completion)
+        completions.inc(completion)

@@ -72,10 +72,10 @@ async def change(request: Request) -> Response:
     found = await integrations.get_integration(
         current.ctx, project_id=request.path_params["project_id"], provider=request.path_params["provider"]
     )
-    position = next((key.position for key in found.keys if key.id == key_id), None)
+    in_order = [key.id for key in found.keys]
     changes: dict[str, object] = {}
-    if action == "up" and position:
-        changes["position"] = [key.id for key in found.keys].index(key_id) - 1
+    if action == "up" and key_id in in_order[1:]:
+        changes["position"] = in_order.index(key_id) - 1
     elif action in ("disable", "enable"):
         changes["disabled"] = action == "disable"
     await key_pools.update_key(

@@ -60,10 +60,9 @@ class Fleet:
 
     async def follow_changes(self, on_change: Callable[[str | None], None]) -> None:
         """Call `on_change` with the change marker of every change notice, until cancelled; with None once at every
-        (re)subscription, once
-        Redis has confirmed it: notices sent while this process was not listening are lost. A subscription that
-        hears nothing for _LISTEN_SECONDS pings Redis, so that a connection that died silently is replaced. A
-        lost connection is retried every RETRY_SECONDS."""
+        (re)subscription, once Redis has confirmed it: notices sent while this process was not listening are lost.
+        A subscription that hears nothing for _LISTEN_SECONDS pings Redis, so that a connection that died silently
+        is replaced. A lost connection is retried every RETRY_SECONDS."""
         outage = Outage(
             logger,
             down="lost the change notices from Redis (%s): changes are found by polling until it answers",

@@ -4,9 +4,10 @@ exactly as received. After `http.response.start` an error can only abort the res
 """
 
 import asyncio
+import functools
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
@@ -271,16 +272,23 @@ class ProxyApp:
         client_token: str,
         span: "RequestSpan | None",
     ) -> None:
-        plan = await self._prepare(
+        # The keys to try, in turn, before any byte reaches the client: a pool's (those not resting, in the order
+        # of its strategy), or the one credential.
+        pooled = len(integration.keys) > 1
+        keys = self.key_pools.attempts(record.project_id, integration) if pooled else [PoolKey("", credential)]
+        if not keys:
+            raise BadGateway(f"every key of {integration.provider} is out of service or cooling down")
+        plan_with = functools.partial(
+            self._prepare,
             project_id=record.project_id,
             integration=integration,
-            credential=credential,
             method=scope["method"],
             raw_endpoint=raw_endpoint,
             query_string=scope.get("query_string", b""),
             headers=scope["headers"],
             client_token=client_token,
         )
+        plan = await plan_with(credential=keys[0].secret)
         # Once the body is read, the rest of receive() only reports a client that leaves: watch for it.
         watch = ClientWatch(receive)
         body = RequestBody(
@@ -290,23 +298,19 @@ class ProxyApp:
             on_complete=watch.start,
             deadlines=self.deadlines,
         )
-        # The keys to try, in turn, before any byte reaches the client: a pool's, or the one credential.
-        attempts = self.key_pools.attempts(record.project_id, integration) if len(integration.keys) > 1 else None
         try:
             data = await body.first()
             if isinstance(integration.auth, AwsSigV4Auth):
                 # A signature covers the body: read it whole (within the limit), then sign those exact bytes.
                 data = await body.whole(data)
-            elif attempts is not None and not isinstance(data, bytes | None):
+            elif len(keys) > 1 and not isinstance(data, bytes | None):
                 # Failover sends the body again: only one received whole, within the bound.
                 if length is not None and length <= FAILOVER_MAX_BODY_BYTES:
                     data = await body.whole(data)
                 else:
-                    attempts = attempts[:1]
+                    keys = keys[:1]
             record.overhead_ms = (time.perf_counter() - record.started) * 1000
-            response = await self._send(
-                plan, integration, credential, data, length, span, attempts, client_token, scope, record
-            )
+            response = await self._send(plan, plan_with, keys, pooled, integration, data, length, span, record)
         except asyncio.CancelledError:
             watch.stop()
             if watch.absorb_cancellation():
@@ -357,36 +361,24 @@ class ProxyApp:
     async def _send(
         self,
         plan: UpstreamRequest,
+        plan_with: Callable[..., Awaitable[UpstreamRequest]],
+        keys: list[PoolKey],
+        pooled: bool,
         integration: ResolvedIntegration,
-        credential: Secret,
         data: bytes | AsyncIterator[bytes] | None,
         length: int | None,
         span: "RequestSpan | None",
-        attempts: list[PoolKey] | None,
-        client_token: str,
-        scope: Scope,
         record: ProxiedRequest,
     ) -> aiohttp.ClientResponse:
-        """The upstream's response: with a pool, each key in turn while the provider refuses one (401, 403) or
-        has it wait (429, 402), the last key's response whatever it is."""
-        if attempts is not None and not attempts:
-            raise BadGateway(f"every key of {integration.provider} is out of service or cooling down")
-        for index, key in enumerate(attempts or [None]):
-            if key is not None and key.secret is not credential:
-                plan = await self._prepare(
-                    project_id=record.project_id,
-                    integration=integration,
-                    credential=key.secret,
-                    method=scope["method"],
-                    raw_endpoint=record.endpoint,
-                    query_string=scope.get("query_string", b""),
-                    headers=scope["headers"],
-                    client_token=client_token,
-                )
-                credential = key.secret
+        """The upstream's response: `plan` sent with `keys[0]`; with a pool, each next key (`plan_with` its
+        credential) while the provider refuses one (401, 403) or has it wait (429, 402), the last one's response
+        whatever it is."""
+        for index, key in enumerate(keys):
+            if index:
+                plan = await plan_with(credential=key.secret)
             headers = plan.headers
             if isinstance(integration.auth, AwsSigV4Auth) and isinstance(data, bytes):  # always whole: read above
-                secret = credential.reveal()
+                secret = key.secret.reveal()
                 headers = sign(plan, data, spec=integration.auth, key=secret, provider=integration.provider)
             elif not isinstance(data, bytes | None) and length is not None:
                 headers = [*headers, ("Content-Length", str(length))]
@@ -399,10 +391,10 @@ class ProxyApp:
                 )
             if span is not None:
                 span.upstream_answered(response.status)
-            if key is None or attempts is None:
+            last = index == len(keys) - 1
+            if not pooled or not self.key_pools.passes_over(record.project_id, integration, key, response, last=last):
                 return response
-            last = index == len(attempts) - 1
-            if not self.key_pools.passes_over(record.project_id, integration, key, response, last=last) or last:
+            if last:
                 return response
             response.release()
         raise AssertionError("unreachable: the last attempt's response is returned")
