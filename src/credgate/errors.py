@@ -10,6 +10,7 @@
     ├── Conflict (409)
     ├── PayloadTooLarge (413)
     ├── InvalidInput (422)
+    ├── PaymentRequired (402)
     ├── RateLimited (429)
     ├── BadGateway (502)
     ├── Unavailable (503)
@@ -99,6 +100,12 @@ class InvalidInput(ServiceError):
         self.field = field
         self.problem = problem
         super().__init__(f"{field}: {problem}")
+
+
+class PaymentRequired(ServiceError):
+    """A budget of the project is spent for its current period."""
+
+    status = 402
 
 
 class RateLimited(ServiceError):

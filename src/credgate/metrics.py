@@ -51,6 +51,11 @@ key_failovers = Counter(
     "Requests passed on to the next key of a pool, by provider and reason: refused (401, 403), cooling (429, 402).",
     ["provider", "reason"],
 )
+budget_refusals = Counter(
+    "credgate_budget_refusals",
+    "Requests refused (402) because a budget of their project was spent, by project.",
+    ["project"],
+)
 oauth_token_fetches = Counter(
     "credgate_oauth_token_fetches",
     "Access tokens fetched from OAuth 2.0 token endpoints, by provider and result: ok or failed.",

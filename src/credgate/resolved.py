@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from credgate.crypto import Secret
 from credgate.netguard import NO_PRIVATE_NETWORKS, PrivateNetworks
 from credgate.specs import AuthSpec, Endpoint
+from credgate.spending import Price
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,3 +35,4 @@ class ResolvedIntegration:
     private_networks: PrivateNetworks = NO_PRIVATE_NETWORKS
     keys: tuple[PoolKey, ...] = ()  # every key in service, in order (`credential` is the first's secret)
     key_strategy: str = "failover"  # or "spread": requests take the keys in turns
+    prices: tuple[Price, ...] = ()  # the admin's price list, first match first

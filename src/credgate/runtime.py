@@ -6,6 +6,7 @@ and closes it. Until then, and after, the context is unavailable (503) and there
 
 import asyncio
 import contextlib
+import functools
 import gc
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import timedelta
@@ -15,9 +16,11 @@ import aiohttp
 from credgate.config import Settings
 from credgate.errors import Unavailable
 from credgate.fleet import RateLimiter, SharedRateLimiter
+from credgate.fleet.budgets import LocalBudgets, SharedBudgets
 from credgate.proxy import ProxyApp, create_http_session
 from credgate.resolved import ResolvedIntegration
 from credgate.services.access import follow_notices, watch_database
+from credgate.services.budgets import spent_since
 from credgate.services.context import Context
 from credgate.services.usage import UsageRecorder
 from credgate.services.verification import Verification
@@ -68,10 +71,12 @@ class Runtime:
         tracing = open_tracing()  # each worker exports its own spans
         ctx = self._given_context or await self._open_context(settings)
         session = self._given_session or create_http_session(allow_private_upstreams=settings.allow_private_upstreams)
-        recorder = UsageRecorder(ctx, retention=timedelta(days=settings.request_log_days))
         shared = None if ctx.fleet is None else SharedRateLimiter(ctx.fleet, RateLimiter())
         rate_limits = shared or RateLimiter()
-        proxy = ProxyApp(ctx, settings, session, recorder, rate_limits=rate_limits, tracing=tracing)
+        seed = functools.partial(spent_since, ctx)
+        budgets = LocalBudgets(seed) if ctx.fleet is None else SharedBudgets(ctx.fleet, LocalBudgets(seed), seed)
+        recorder = UsageRecorder(ctx, retention=timedelta(days=settings.request_log_days))
+        proxy = ProxyApp(ctx, settings, session, recorder, rate_limits=rate_limits, budgets=budgets, tracing=tracing)
         self._context, self.proxy = ctx, proxy
         # The objects of start-up (modules, the ORM's and pydantic's) live as long as the process: out of the
         # collector's way, a full collection under load takes a fraction of the time.
@@ -99,6 +104,8 @@ class Runtime:
                 await asyncio.to_thread(tracing.shutdown)
             if shared is not None:
                 await shared.aclose()
+            if isinstance(budgets, SharedBudgets):  # after the recorder's last flush, which settles
+                await budgets.aclose()
             await proxy.upstreams.close()  # the sessions of integrations' exceptions, always the proxy's own
             if self._given_session is None:
                 await session.close()

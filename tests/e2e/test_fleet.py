@@ -31,7 +31,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 from credgate.config import Settings
 from credgate.crypto import encode_master_key, new_master_key
-from credgate.services import admins, projects
+from credgate.services import admins, budgets, projects
 from credgate.services.bootstrap import open_context
 from tests.admin_ui.test_pages import shown_token
 from tests.admin_ui.test_security import PASSWORD, csrf_of
@@ -293,7 +293,9 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
             relay.close()
 
 
-async def add_project(fleet: Fleet, upstream: Upstream, *, rate_limit: int | None = None) -> tuple[Project, str]:
+async def add_project(
+    fleet: Fleet, upstream: Upstream, *, rate_limit: int | None = None, budget: int | None = None
+) -> tuple[Project, str]:
     """A project with a stand-in integration allowing everything, and an admin token, made beside the fleet
     (through a context of its own on the same database and Redis, as the CLI would)."""
     ctx = await open_context(fleet.settings)
@@ -304,6 +306,10 @@ async def add_project(fleet: Fleet, upstream: Upstream, *, rate_limit: int | Non
         if rate_limit is not None:
             changes = projects.ProjectChanges(rate_limit_per_minute=rate_limit)
             await projects.update_project(ctx, project_id=created.id, changes=changes, actor="t")
+        if budget is not None:
+            await budgets.add_budget(
+                ctx, project_id=created.id, metric="requests", limit=budget, period="day", actor="t"
+            )
         return project, await admins.create_admin_token(ctx, name=f"fleet-{secrets.token_hex(3)}", actor="t")
     finally:
         await ctx.close()
@@ -374,6 +380,18 @@ async def test_a_limit_of_n_per_minute_admits_n_across_every_instance_under_conc
         logger.info("limit %d/min: %d admitted of %d in %.2f s", limit, admitted, len(statuses), elapsed)
         assert limit <= admitted <= limit + refilled
         assert all(answer.headers.get("retry-after") for answer in answers if answer.status_code == 429)
+
+
+async def test_a_budget_of_50_admits_exactly_50_of_200_concurrent_requests_across_every_instance(
+    fleet: Fleet, upstream: Upstream
+) -> None:
+    project, _ = await add_project(fleet, upstream, budget=50)
+    async with fresh_client(project.token) as client:
+        answers = await asyncio.gather(
+            *(client.get(f"{fleet.balancer}/proxy/stand-in/echo/budget") for _ in range(200))
+        )
+    statuses = [answer.status_code for answer in answers]
+    assert (statuses.count(200), statuses.count(402)) == (50, 150)  # counted once, in Redis: no slack
 
 
 async def test_redis_stopped_under_load_fails_no_request_and_its_return_brings_sharing_back(

@@ -10,6 +10,9 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from credgate import metrics
 from credgate.admin_api.schemas import (
     AuditEventOut,
+    BudgetIn,
+    BudgetOut,
+    BudgetPatchIn,
     EndpointsIn,
     IntegrationIn,
     IntegrationOut,
@@ -19,6 +22,7 @@ from credgate.admin_api.schemas import (
     PoolKeyIn,
     PoolKeyOut,
     PoolKeyPatchIn,
+    PricesIn,
     ProjectIn,
     ProjectOut,
     ProjectPatchIn,
@@ -35,7 +39,7 @@ from credgate.error_responses import ERROR_RESPONSES
 from credgate.errors import Unauthorized
 from credgate.limits import ListLimit, Moment
 from credgate.resolved import ResolvedIntegration
-from credgate.services import admins, audit, integrations, key_pools, projects, usage, verification
+from credgate.services import admins, audit, budgets, integrations, key_pools, projects, usage, verification
 from credgate.services.context import Context
 from credgate.services.verification import Verification
 from credgate.specs import Endpoint
@@ -322,6 +326,58 @@ async def verify_pool_key(
 @router.delete("/projects/{project_id}/integrations/{provider}/keys/{key_id}")
 async def remove_pool_key(project_id: str, provider: str, key_id: str, ctx: ContextDep, actor: Actor) -> IntegrationOut:
     integration = await key_pools.remove_key(ctx, project_id=project_id, provider=provider, key_id=key_id, actor=actor)
+    return IntegrationOut.of(integration)
+
+
+# budgets and price lists
+
+
+@router.get("/projects/{project_id}/budgets")
+async def list_budgets(project_id: str, ctx: ContextDep, _actor: Actor) -> ItemsOut[BudgetOut]:
+    return ItemsOut(items=[BudgetOut.of(state) for state in await budgets.list_budgets(ctx, project_id=project_id)])
+
+
+@router.post("/projects/{project_id}/budgets", status_code=201)
+async def add_budget(project_id: str, body: BudgetIn, ctx: ContextDep, actor: Actor) -> BudgetOut:
+    budget = await budgets.add_budget(
+        ctx,
+        project_id=project_id,
+        metric=body.metric,
+        limit=body.limit,
+        period=body.period,
+        provider=body.provider,
+        actor=actor,
+    )
+    return await _budget_out(ctx, project_id, budget.id)
+
+
+async def _budget_out(ctx: Context, project_id: str, budget_id: str) -> BudgetOut:
+    states = await budgets.list_budgets(ctx, project_id=project_id)
+    return BudgetOut.of(next(state for state in states if state.budget.id == budget_id))
+
+
+@router.patch("/projects/{project_id}/budgets/{budget_id}")
+async def update_budget(
+    project_id: str, budget_id: str, body: BudgetPatchIn, ctx: ContextDep, actor: Actor
+) -> BudgetOut:
+    await budgets.update_budget(
+        ctx, project_id=project_id, budget_id=budget_id, limit=body.limit, period=body.period, actor=actor
+    )
+    return await _budget_out(ctx, project_id, budget_id)
+
+
+@router.delete("/projects/{project_id}/budgets/{budget_id}", status_code=204)
+async def remove_budget(project_id: str, budget_id: str, ctx: ContextDep, actor: Actor) -> Response:
+    await budgets.remove_budget(ctx, project_id=project_id, budget_id=budget_id, actor=actor)
+    return Response(status_code=204)
+
+
+@router.put("/projects/{project_id}/integrations/{provider}/prices")
+async def set_prices(project_id: str, provider: str, body: PricesIn, ctx: ContextDep, actor: Actor) -> IntegrationOut:
+    """Replace the price list that costs this integration's responses (cost budgets, the request log's cost)."""
+    integration = await budgets.set_prices(
+        ctx, project_id=project_id, provider=provider, prices=body.prices, actor=actor
+    )
     return IntegrationOut.of(integration)
 
 

@@ -22,10 +22,12 @@ from credgate.limits import (
     TimeoutSeconds,
 )
 from credgate.netguard import PrivateNetworkList
+from credgate.services.budgets import BudgetState, limit_of
 from credgate.services.key_pools import key_state
 from credgate.services.projects import current_token
 from credgate.services.verification import Verification
 from credgate.specs import AuthSpec, BaseUrl, Endpoint, HeaderMap, KeyStrategy, ProviderName, QueryMap
+from credgate.spending import MICROS_PER_DOLLAR
 from credgate.storage import UsageRow
 from credgate.storage.models import (
     AdminToken,
@@ -250,6 +252,15 @@ class PoolKeyOut(BaseModel):
         )
 
 
+class PriceLine(BaseModel):
+    """Models matching `model` (a glob, `gpt-4o*`; the first matching line wins) cost `input` and `output`
+    dollars per million tokens."""
+
+    model: str
+    input: float
+    output: float
+
+
 class IntegrationOut(BaseModel):
     provider: str
     base_url: str
@@ -265,6 +276,7 @@ class IntegrationOut(BaseModel):
     key: KeyOut  # the pool's first key
     keys: list[PoolKeyOut]
     key_strategy: str
+    prices: list[PriceLine]
     created_at: datetime
     updated_at: datetime
 
@@ -291,8 +303,56 @@ class IntegrationOut(BaseModel):
             ),
             keys=[PoolKeyOut.of(each) for each in integration.keys],
             key_strategy=integration.key_strategy,
+            prices=[PriceLine.model_validate(line) for line in integration.prices],
             created_at=integration.created_at,
             updated_at=integration.updated_at,
+        )
+
+
+class PricesIn(In):
+    prices: list[dict[str, Any]] = Field(description="lines of {model, input, output}, in order")
+
+
+class BudgetIn(In):
+    metric: Literal["requests", "tokens", "cost"]
+    limit: int | float = Field(description="requests or tokens (whole), or dollars for cost")
+    period: Literal["day", "month"]
+    provider: str | None = Field(default=None, description="one provider's traffic only; all when absent")
+
+
+class BudgetPatchIn(In):
+    limit: int | float | None = None
+    period: Literal["day", "month"] | None = None
+
+
+class BudgetOut(BaseModel):
+    """A budget and where it stands in its current period (UTC calendar day or month)."""
+
+    id: str
+    provider: str | None
+    metric: str
+    period: str
+    limit: int | float  # dollars for cost
+    spent: int | float  # so far this period, from the request log
+    period_start: datetime
+    resets_at: datetime
+    created_at: datetime
+    updated_at: datetime
+
+    @classmethod
+    def of(cls, state: BudgetState) -> Self:
+        budget = state.budget
+        return cls(
+            id=budget.id,
+            provider=budget.provider,
+            metric=budget.metric,
+            period=budget.period,
+            limit=limit_of(budget),
+            spent=state.spent / MICROS_PER_DOLLAR if budget.metric == "cost" else state.spent,
+            period_start=state.period_start,
+            resets_at=state.resets_at,
+            created_at=budget.created_at,
+            updated_at=budget.updated_at,
         )
 
 
@@ -347,6 +407,8 @@ class RequestRecordOut(BaseModel):
     response_bytes: int
     prompt_tokens: int | None
     completion_tokens: int | None
+    model: str | None  # as the response's usage named it
+    cost_usd: float | None  # by the integration's price list, where a line priced the model
 
     @classmethod
     def of(cls, record: RequestRecord) -> Self:
@@ -362,6 +424,8 @@ class RequestRecordOut(BaseModel):
             response_bytes=record.response_bytes,
             prompt_tokens=record.prompt_tokens,
             completion_tokens=record.completion_tokens,
+            model=record.model,
+            cost_usd=None if record.cost_micros is None else record.cost_micros / MICROS_PER_DOLLAR,
         )
 
 

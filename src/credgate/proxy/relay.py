@@ -22,6 +22,7 @@ from credgate.errors import (
     BadGateway,
     GatewayTimeout,
     PayloadTooLarge,
+    PaymentRequired,
     RateLimited,
     RequestTimeout,
     ServiceError,
@@ -29,6 +30,7 @@ from credgate.errors import (
     Unavailable,
 )
 from credgate.fleet import RateLimiter, RateLimits, retry_after_header
+from credgate.fleet.budgets import Budgets, LocalBudgets
 from credgate.proxy.client import (
     BodyProblem,
     BodyTooLarge,
@@ -54,7 +56,8 @@ from credgate.proxy.plan import (
 from credgate.proxy.sigv4 import sign
 from credgate.proxy.upstreams import Upstreams, create_http_session
 from credgate.resolved import PoolKey, ResolvedIntegration
-from credgate.services.access import Access, resolve_access
+from credgate.services.access import LOOKUP_TIMEOUT_SECONDS, Access, resolve_access
+from credgate.services.budgets import spent_since
 from credgate.services.context import Context
 from credgate.services.integrations import store_rotated_refresh_token
 from credgate.services.key_pools import take_key_out_of_service
@@ -103,11 +106,12 @@ class ProxyApp:
         recorder: UsageRecorder,
         *,
         rate_limits: RateLimits | None = None,
+        budgets: Budgets | None = None,
         tracing: "Tracing | None" = None,
         max_in_flight: int = 1000,
     ) -> None:
-        """`rate_limits`: the fleet's shared counters where there are some; else this process counts alone.
-        `tracing`: a span per request, when OpenTelemetry is configured."""
+        """`rate_limits`, `budgets`: the fleet's shared counters where there are some; else this process counts
+        alone (budgets from the request log). `tracing`: a span per request, when OpenTelemetry is configured."""
         self.ctx = ctx
         self.tracing = tracing
         self.recorder = recorder
@@ -115,6 +119,8 @@ class ProxyApp:
         self.max_in_flight = max_in_flight
         self.client_idle_seconds = settings.client_body_timeout_seconds
         self.rate_limits: RateLimits = rate_limits or RateLimiter()
+        self.budgets: Budgets = budgets or LocalBudgets(functools.partial(spent_since, ctx))
+        recorder.settle = self.budgets.settle
         self.deadlines = Deadlines()
         self.in_flight = 0
         # The shared public-only session, and one per integration's list of exceptions to the guard.
@@ -201,7 +207,7 @@ class ProxyApp:
             )
             record.on_tokens = span.tokens_counted
         try:
-            integration, credential, length = await self._authorize(scope, access, provider, raw_endpoint)
+            integration, credential, length = await self._authorize(scope, access, provider, raw_endpoint, record)
             await self._relay(scope, receive, send, integration, credential, length, raw_endpoint, record, token, span)
         except ServiceError as error:
             record.status = error.status
@@ -239,9 +245,10 @@ class ProxyApp:
         return access, token
 
     async def _authorize(
-        self, scope: Scope, access: Access, provider: str, raw_endpoint: str
+        self, scope: Scope, access: Access, provider: str, raw_endpoint: str, record: ProxiedRequest
     ) -> tuple[ResolvedIntegration, Secret, int | None]:
-        """The pure checks after the token (plan.admit), then the project's rate limit (429), which counts."""
+        """The pure checks after the token (plan.admit), then the project's rate limit (429) and budgets (402),
+        which count."""
         admitted = admit(
             method=scope["method"],
             provider=provider,
@@ -257,7 +264,28 @@ class ProxyApp:
                     f"rate limit of {access.rate_limit_per_minute} requests per minute exceeded",
                     headers={"Retry-After": retry_after_header(wait)},
                 )
+        if access.budgets:
+            await self._spend(access, admitted.integration, record)
         return admitted.integration, admitted.credential, admitted.declared_length
+
+    async def _spend(self, access: Access, integration: ResolvedIntegration, record: ProxiedRequest) -> None:
+        """Admit the request by every budget that applies (a requests budget counts it), or 402; what the
+        response spends of the others is settled by the recorder, from its usage."""
+        try:
+            async with asyncio.timeout(LOOKUP_TIMEOUT_SECONDS):  # a counter may start from the request log
+                spent = await self.budgets.admit(access.project_id, access.budgets, record.at)
+        except Exception as error:
+            if not isinstance(error, StorageUnavailable | TimeoutError):
+                logger.exception("budget check failed for request %s", record.request_id)
+            raise Unavailable(f"storage unavailable (request id {record.request_id})") from None
+        if spent is not None:
+            metrics.budget_refusals.labels(access.project_id).inc()
+            resets = spent.window(record.at)[1]
+            raise PaymentRequired(
+                f"budget of {spent.describe()} spent; it resets at {resets:%Y-%m-%dT%H:%M:%SZ}",
+                headers={"Retry-After": retry_after_header((resets - record.at).total_seconds())},
+            )
+        record.prices, record.budgets = integration.prices, access.budgets
 
     async def _relay(
         self,

@@ -18,12 +18,14 @@ from credgate.crypto import hash_token
 from credgate.netguard import PrivateNetworks
 from credgate.outages import Outage
 from credgate.resolved import ResolvedIntegration
+from credgate.services.budgets import prices_of, rule_of
 from credgate.services.context import CHANGE_MARKER, Context, notify_channel
 from credgate.services.projects import PROJECT_TOKEN_PREFIX
 from credgate.services.provider_keys import usable_keys
 from credgate.specs import AuthSpec, Endpoint
+from credgate.spending import BudgetRule
 from credgate.storage import StorageUnavailable
-from credgate.storage.models import Integration
+from credgate.storage.models import Integration, Project
 
 # Long enough for a busy but healthy database, short enough that a hung one soon means 503 rather than a queue.
 LOOKUP_TIMEOUT_SECONDS = 5.0
@@ -45,6 +47,7 @@ class Access:
     token_expires_at: datetime | None
     rate_limit_per_minute: int | None
     integration: ResolvedIntegration | None
+    budgets: tuple[BudgetRule, ...] = ()  # the project's budgets that apply to this provider
 
 
 def resolved_integration(ctx: Context, integration: Integration) -> ResolvedIntegration:
@@ -64,7 +67,14 @@ def resolved_integration(ctx: Context, integration: Integration) -> ResolvedInte
         private_networks=PrivateNetworks.of(integration.private_networks),
         keys=keys,
         key_strategy=integration.key_strategy,
+        prices=prices_of(integration),
     )
+
+
+def _budgets_for(project: Project | None, provider: str) -> tuple[BudgetRule, ...]:
+    if project is None:
+        return ()
+    return tuple(rule for rule in map(rule_of, project.budgets) if rule.applies_to(provider))
 
 
 async def resolve_access(ctx: Context, *, token: str, provider: str) -> Access | None:
@@ -116,7 +126,8 @@ async def _shared_lookup(ctx: Context, *, token_hash: str, provider: str) -> Acc
                 project_id=row.token.project_id,
                 token_hash=token_hash,
                 token_expires_at=row.token.expires_at,
-                rate_limit_per_minute=row.rate_limit_per_minute,
+                rate_limit_per_minute=row.project.rate_limit_per_minute if row.project else None,
+                budgets=_budgets_for(row.project, provider),
                 integration=None if row.integration is None else resolved_integration(ctx, row.integration),
             )
             cache.store((token_hash, provider), access, generation=generation)

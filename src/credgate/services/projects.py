@@ -49,7 +49,9 @@ async def create_project(ctx: Context, *, name: str, actor: str) -> tuple[Projec
     """Create a project and its first token; the token's value is returned only here."""
     name = within("name", Name, name)
     now = ctx.clock()
-    project = Project(id=new_id("prj"), name=name, created_at=now, updated_at=now, tokens=[], integrations=[])
+    project = Project(
+        id=new_id("prj"), name=name, created_at=now, updated_at=now, tokens=[], integrations=[], budgets=[]
+    )
     async with ctx.change(actor=actor, action="project.create", project_id=project.id) as repo:
         secret = _issue_token(ctx, project, expires_in_seconds=None)
         repo.add(project)

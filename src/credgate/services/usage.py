@@ -4,18 +4,21 @@ from the response's `usage` object (JSON, or the SSE events that carry one) afte
 import asyncio
 import json
 import logging
+import re
 import time
 import zlib
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any, NamedTuple
 
 from credgate import metrics
 from credgate.errors import InvalidInput
 from credgate.limits import ListLimit, Moment, within
 from credgate.services.context import Context
 from credgate.services.projects import require_project
+from credgate.spending import BudgetRule, Charge, Price, cost_micros
 from credgate.storage import UsageRow
 from credgate.storage.models import RequestRecord
 
@@ -27,6 +30,7 @@ _MAX_INFLATED_BYTES = 1024 * 1024
 _TOKEN_TOUCH_RESOLUTION = timedelta(minutes=1)
 _PRUNE_INTERVAL_SECONDS = 3600
 _RECORDS_PER_SLICE = 32
+_MODEL_NEAR_START = re.compile(rb'"model"\s*:\s*"([^"\\]{1,200})"')
 
 
 @dataclass(slots=True)
@@ -54,6 +58,8 @@ class ProxiedRequest:
     kept: int = 0  # bytes in `head`
     # Told the token counts once the recorder has read them (a trace's span waits for them to end).
     on_tokens: Callable[[int | None, int | None], None] | None = None
+    prices: tuple[Price, ...] = ()  # the integration's price list, for the response's cost
+    budgets: tuple[BudgetRule, ...] = ()  # the budgets that admitted it: settled from its usage
 
     def start_response(self, status: int, content_type: str, content_encoding: str) -> None:
         self.status = status
@@ -74,16 +80,43 @@ class ProxiedRequest:
             self.tail.append(chunk[-TAIL_CHUNK_BYTES:])
 
 
-def _usage_of(document: object) -> tuple[int | None, int | None]:
-    usage = document.get("usage") if isinstance(document, dict) else None
+class Usage(NamedTuple):
+    """What a response reported of its usage: tokens, and the model that answered."""
+
+    prompt: int | None = None
+    completion: int | None = None
+    model: str | None = None
+
+    def over(self, later: "Usage") -> "Usage":
+        """This usage with what a later event reported in its place (a stream reports in parts)."""
+        return Usage(
+            later.prompt if later.prompt is not None else self.prompt,
+            later.completion if later.completion is not None else self.completion,
+            later.model or self.model,
+        )
+
+
+def _model_of(document: dict[str, object]) -> str | None:
+    model = document.get("model")
+    return model[:200] if isinstance(model, str) and model else None
+
+
+def _usage_of(document: object) -> Usage:
+    if not isinstance(document, dict):
+        return Usage()
+    usage, model = document.get("usage"), _model_of(document)
     if not isinstance(usage, dict):
-        message = document.get("message") if isinstance(document, dict) else None  # Anthropic message_start
-        usage = message.get("usage") if isinstance(message, dict) else None
+        message = document.get("message")  # Anthropic's message_start
+        if not isinstance(message, dict):
+            return Usage(model=model)
+        usage, model = message.get("usage"), _model_of(message) or model
         if not isinstance(usage, dict):
-            return None, None
+            return Usage(model=model)
     prompt = usage.get("prompt_tokens", usage.get("input_tokens"))
     completion = usage.get("completion_tokens", usage.get("output_tokens"))
-    return (prompt if isinstance(prompt, int) else None, completion if isinstance(completion, int) else None)
+    return Usage(
+        prompt if isinstance(prompt, int) else None, completion if isinstance(completion, int) else None, model
+    )
 
 
 def _inflate(body: bytes, encoding: str) -> bytes:
@@ -96,52 +129,61 @@ def _inflate(body: bytes, encoding: str) -> bytes:
         return b""
 
 
-def _usage_at_end(tail: bytes) -> tuple[int | None, int | None]:
-    """The `usage` object near the end of a JSON body too long to keep whole (embeddings, say)."""
+def _usage_at_end(head: bytes, tail: bytes) -> Usage:
+    """The `usage` object near the end of a JSON body too long to keep whole (embeddings, say); the model from
+    near its start."""
+    model = None
+    if (found := _MODEL_NEAR_START.search(head[:4096])) is not None:
+        model = found.group(1).decode("utf-8", "replace")[:200]
     start = tail.rfind(b'"usage"')
     colon = tail.find(b":", start)
     if start < 0 or colon < 0:
-        return None, None
+        return Usage(model=model)
     try:
         usage, _ = json.JSONDecoder().raw_decode(tail[colon + 1 :].decode("utf-8", "replace").lstrip())
     except ValueError:
-        return None, None
-    return _usage_of({"usage": usage})
+        return Usage(model=model)
+    return _usage_of({"usage": usage, "model": model})
 
 
-def extract_tokens(
-    content_type: str, head: bytes, tail: bytes, *, content_encoding: str = ""
-) -> tuple[int | None, int | None]:
-    """Prompt and completion tokens of a response, from its JSON body or its server-sent events."""
+def extract_usage(content_type: str, head: bytes, tail: bytes, *, content_encoding: str = "") -> Usage:
+    """Tokens and model of a response, from its JSON body or its server-sent events."""
     head = _inflate(head, content_encoding)
     tail = b"" if content_encoding else tail  # a compressed tail cannot be read on its own
     if content_type.startswith("application/json"):
         try:
             return _usage_of(json.loads(head))
         except ValueError:
-            return _usage_at_end(tail)
+            return _usage_at_end(head, tail)
     if content_type.startswith("text/event-stream"):
-        prompt = completion = None
+        found = Usage()
         for chunk in (head, tail):
             for line in chunk.split(b"\n"):
                 if not line.startswith(b"data:"):
                     continue
                 try:
-                    found_prompt, found_completion = _usage_of(json.loads(line[5:]))
+                    found = found.over(_usage_of(json.loads(line[5:])))
                 except ValueError:
                     continue
-                prompt = found_prompt if found_prompt is not None else prompt
-                completion = found_completion if found_completion is not None else completion
-        return prompt, completion
-    return None, None
+        return found
+    return Usage()
 
 
-def _record_of(request: ProxiedRequest) -> dict[str, object]:
+def extract_tokens(
+    content_type: str, head: bytes, tail: bytes, *, content_encoding: str = ""
+) -> tuple[int | None, int | None]:
+    """Prompt and completion tokens of a response, from its JSON body or its server-sent events."""
+    usage = extract_usage(content_type, head, tail, content_encoding=content_encoding)
+    return usage.prompt, usage.completion
+
+
+def _record_of(request: ProxiedRequest) -> dict[str, Any]:
     head = b"".join(request.head)
     tail = b"".join(request.tail) if request.response_bytes > len(head) else b""
-    prompt, completion = extract_tokens(
+    prompt, completion, model = extract_usage(
         request.content_type, head, tail, content_encoding=request.content_encoding.lower()
     )
+    cost = cost_micros(request.prices, model, prompt, completion) if request.prices else None
     if prompt or completion:
         metrics.tokens_counted(request.project_id, request.provider, prompt, completion)
     if request.on_tokens is not None:
@@ -162,7 +204,20 @@ def _record_of(request: ProxiedRequest) -> dict[str, object]:
         response_bytes=request.response_bytes,
         prompt_tokens=prompt,
         completion_tokens=completion,
+        model=model,
+        cost_micros=cost,
     )
+
+
+def _charges(batch: Sequence[ProxiedRequest], records: Sequence[dict[str, Any]]) -> list[Charge]:
+    """What each response of `batch` adds to the budgets that admitted it (tokens, cost)."""
+    charges = []
+    for request, record in zip(batch, records, strict=True):
+        for rule in request.budgets:
+            amount = rule.charge(record["prompt_tokens"], record["completion_tokens"], record["cost_micros"])
+            if amount:
+                charges.append((rule, request.at, amount))
+    return charges
 
 
 class UsageRecorder:
@@ -181,6 +236,8 @@ class UsageRecorder:
         flush_seconds: float = 0.1,
     ) -> None:
         self._ctx = ctx
+        # Told what each response spent of the budgets that admitted it (the proxy's budget counters).
+        self.settle: Callable[[Sequence[Charge]], None] | None = None
         self._retention = retention
         self._next_prune = 0.0
         self._pending: deque[ProxiedRequest] = deque(maxlen=max_pending)
@@ -215,6 +272,8 @@ class UsageRecorder:
                 if start:
                     await asyncio.sleep(0)  # let requests through between slices: a batch is a few ms of parsing
                 records += [_record_of(request) for request in batch[start : start + _RECORDS_PER_SLICE]]
+            if self.settle is not None:
+                self.settle(_charges(batch, records))
             touched = self._tokens_to_touch(batch)
             async with self._ctx.database.transaction() as repo:
                 await repo.insert_request_records(records)

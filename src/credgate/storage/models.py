@@ -74,6 +74,9 @@ class Project(Base):
     integrations: Mapped[list["Integration"]] = relationship(
         back_populates="project", cascade="all, delete-orphan", passive_deletes=True
     )
+    budgets: Mapped[list["Budget"]] = relationship(
+        back_populates="project", cascade="all, delete-orphan", passive_deletes=True, order_by="Budget.created_at"
+    )
 
 
 class ProjectToken(Base):
@@ -127,6 +130,8 @@ class Integration(Base):
     private_networks: Mapped[list[Any]] = mapped_column(default=list)
     # How a pool of keys is used: "failover" (in order, the next when one is out) or "spread" (taking turns).
     key_strategy: Mapped[str] = mapped_column(String(16), default="failover", server_default=text("'failover'"))
+    # The admin's price list, in order: [{"model": glob, "input": USD per million tokens, "output": …}].
+    prices: Mapped[list[Any]] = mapped_column(default=list)
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
 
@@ -166,6 +171,22 @@ class ProviderKey(Base):
     integration: Mapped[Integration] = relationship(back_populates="keys")
 
 
+class Budget(Base):
+    """A project's spending limit for a period: requests, tokens or cost (micro-dollars), of one provider or all."""
+
+    __tablename__ = "budgets"
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    project_id: Mapped[str] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"), index=True)
+    provider: Mapped[str | None] = mapped_column(String(MAX_PROVIDER_NAME_LENGTH))  # None: every provider
+    metric: Mapped[str] = mapped_column(String(16))  # "requests", "tokens" or "cost"
+    period: Mapped[str] = mapped_column(String(8))  # "day" or "month", calendar periods in UTC
+    amount: Mapped[int] = mapped_column(BigInteger)  # the limit, in the metric's unit (cost: micro-dollars)
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+
+    project: Mapped[Project] = relationship(back_populates="budgets")
+
+
 class AuditEvent(Base):
     __tablename__ = "audit_events"
     __table_args__ = (Index("ix_audit_events_at", "at"),)
@@ -197,6 +218,8 @@ class RequestRecord(Base):
     response_bytes: Mapped[int] = mapped_column(BigInteger)
     prompt_tokens: Mapped[int | None]
     completion_tokens: Mapped[int | None]
+    model: Mapped[str | None] = mapped_column(String(200))  # as the response's usage named it
+    cost_micros: Mapped[int | None] = mapped_column(BigInteger)  # priced by the integration's list, in µUSD
 
 
 class AdminSession(Base):

@@ -15,6 +15,7 @@ from credgate.storage.models import (
     AdminUser,
     AuditEvent,
     Base,
+    Budget,
     Integration,
     Meta,
     Project,
@@ -39,7 +40,7 @@ class ResolvedRow:
 
     token: ProjectToken | None
     integration: Integration | None
-    rate_limit_per_minute: int | None = None
+    project: Project | None = None  # with its budgets
 
 
 class Repository:
@@ -108,19 +109,20 @@ class Repository:
     async def resolve(self, *, token_hash: str, provider: str) -> ResolvedRow:
         """The token and the integration it may use, in one indexed query (the proxy's lookup)."""
         statement = (
-            select(ProjectToken, Integration, Project.rate_limit_per_minute)
+            select(ProjectToken, Integration, Project)
             .join(Project, Project.id == ProjectToken.project_id)
             .outerjoin(
                 Integration,
                 (Integration.project_id == ProjectToken.project_id) & (Integration.provider == provider),
             )
             .where(ProjectToken.token_hash == token_hash)
-            .options(joinedload(Integration.keys))  # the pool in the same query: one query per lookup
+            # The pool and the project's budgets in the same query: one query per lookup.
+            .options(joinedload(Integration.keys), joinedload(Project.budgets))
         )
         row = (await self._session.execute(statement)).unique().one_or_none()
         if row is None:
             return ResolvedRow(token=None, integration=None)
-        return ResolvedRow(token=row[0], integration=row[1], rate_limit_per_minute=row[2])
+        return ResolvedRow(token=row[0], integration=row[1], project=row[2])
 
     # admin tokens and users
 
@@ -244,8 +246,35 @@ class Repository:
             for row in (await self._session.execute(statement)).all()
         ]
 
+    async def spent(self, project_id: str, *, metric: str, provider: str | None, since: datetime) -> int:
+        """What the request log says a project spent since `since`: requests (those a budget admitted), tokens or
+        cost (micro-dollars), of one provider or all."""
+        measure: Any = {
+            "requests": func.count(),
+            "tokens": func.sum(
+                func.coalesce(RequestRecord.prompt_tokens, 0) + func.coalesce(RequestRecord.completion_tokens, 0)
+            ),
+            "cost": func.sum(RequestRecord.cost_micros),
+        }[metric]
+        statement = select(measure).where(RequestRecord.project_id == project_id, RequestRecord.at >= since)
+        if metric == "requests":
+            statement = statement.where(RequestRecord.status != 402)
+        if provider is not None:
+            statement = statement.where(RequestRecord.provider == provider)
+        return int((await self._session.execute(statement)).scalar_one() or 0)
+
     async def delete_request_records(self, *, before: datetime) -> None:
         await self._session.execute(delete(RequestRecord).where(RequestRecord.at < before))
+
+    # budgets
+
+    async def list_budgets(self, project_id: str) -> Sequence[Budget]:
+        statement = select(Budget).where(Budget.project_id == project_id).order_by(Budget.created_at, Budget.id)
+        return (await self._session.scalars(statement)).all()
+
+    async def get_budget(self, project_id: str, budget_id: str) -> Budget | None:
+        statement = select(Budget).where(Budget.project_id == project_id, Budget.id == budget_id)
+        return (await self._session.scalars(statement)).one_or_none()
 
     # audit
 

@@ -1,0 +1,88 @@
+"""What a request costs and which period it counts in: price lists, budget rules and their calendar periods.
+
+Pure: the services validate and store these, the proxy admits and settles by them. Costs are whole micro-dollars
+(a price per million tokens times tokens is micro-dollars exactly), so counters stay integers everywhere.
+"""
+
+import math
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from fnmatch import fnmatchcase
+from typing import Literal
+
+Metric = Literal["requests", "tokens", "cost"]
+Period = Literal["day", "month"]
+METRICS: tuple[Metric, ...] = ("requests", "tokens", "cost")
+PERIODS: tuple[Period, ...] = ("day", "month")
+MICROS_PER_DOLLAR = 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class Price:
+    """One line of a price list: models matching `model` (a glob: `gpt-4o*`) cost so many dollars per million
+    input and output tokens."""
+
+    model: str
+    input: float
+    output: float
+
+
+def price_of(prices: tuple[Price, ...], model: str | None) -> Price | None:
+    """The first line of the list that matches `model` (an unknown model is matched as "")."""
+    name = model or ""
+    return next((price for price in prices if fnmatchcase(name, price.model)), None)
+
+
+def cost_micros(prices: tuple[Price, ...], model: str | None, prompt: int | None, completion: int | None) -> int | None:
+    """A response's cost in micro-dollars, rounded up; None when no line prices its model, or it reported no
+    tokens."""
+    price = price_of(prices, model)
+    if price is None or (prompt is None and completion is None):
+        return None
+    return math.ceil((prompt or 0) * price.input + (completion or 0) * price.output)
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetRule:
+    """A budget as the proxy enforces it: at most `amount` of `metric` per `period`, for one provider or all."""
+
+    id: str
+    metric: Metric
+    period: Period
+    amount: int  # cost: micro-dollars
+    provider: str | None = None
+
+    def applies_to(self, provider: str) -> bool:
+        return self.provider is None or self.provider == provider
+
+    def window(self, at: datetime) -> tuple[datetime, datetime]:
+        """The period `at` falls in: its start and its end (the next one's start), UTC calendar days or months."""
+        at = at.astimezone(UTC)
+        if self.period == "day":
+            start = datetime(at.year, at.month, at.day, tzinfo=UTC)
+            return start, start + timedelta(days=1)
+        start = datetime(at.year, at.month, 1, tzinfo=UTC)
+        return start, datetime(at.year + at.month // 12, at.month % 12 + 1, 1, tzinfo=UTC)
+
+    def counter(self, at: datetime) -> str:
+        """The name of this budget's counter for the period of `at`: a new period is a new counter."""
+        start = self.window(at)[0]
+        return f"{self.id}:{start:%Y-%m-%d}"
+
+    def describe(self) -> str:
+        """The budget in words, for the 402 message: "$5.00 a month", "1000 requests a day"."""
+        if self.metric == "cost":
+            return f"${self.amount / MICROS_PER_DOLLAR:,.2f} a {self.period}"
+        return f"{self.amount:,} {self.metric} a {self.period}"
+
+    def charge(self, prompt: int | None, completion: int | None, cost: int | None) -> int:
+        """What a settled response adds to this budget (a request was counted when it was admitted)."""
+        if self.metric == "tokens":
+            return (prompt or 0) + (completion or 0)
+        if self.metric == "cost":
+            return cost or 0
+        return 0
+
+
+Charge = tuple[BudgetRule, datetime, int]
+"""A budget, the time of the request it settles (its period), and the amount to add."""

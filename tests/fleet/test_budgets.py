@@ -1,0 +1,104 @@
+"""Budget counters through a real Redis: one count for every process, started from the request log, and per
+process (started again from the request log) while Redis is away."""
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from credgate.fleet import Fleet, open_fleet
+from credgate.fleet.budgets import LocalBudgets, SharedBudgets
+from credgate.fleet.fleet import RETRY_SECONDS
+from credgate.spending import BudgetRule
+from tests.redis_server import private_redis, shared_redis_url, unique_namespace
+
+AT = datetime(2026, 11, 26, 12, 0, tzinfo=UTC)
+REQUESTS = BudgetRule(id="bud_requests", metric="requests", period="day", amount=50)
+TOKENS = BudgetRule(id="bud_tokens", metric="tokens", period="month", amount=1000)
+
+
+class RequestLog:
+    """A stand-in for the request log's sums: what each budget had spent before, and how often it was asked."""
+
+    def __init__(self, **spent: int) -> None:
+        self.spent = spent
+        self.asked: list[tuple[str, datetime]] = []
+
+    async def __call__(self, project_id: str, rule: BudgetRule, since: datetime) -> int:
+        self.asked.append((rule.id, since))
+        await asyncio.sleep(0.01)  # a query: requests arriving meanwhile must wait for it, not ask again
+        return self.spent.get(rule.id, 0)
+
+
+@pytest.fixture
+async def fleets() -> AsyncIterator[list[Fleet]]:
+    """Three processes' connections to the machine's Redis, sharing one fresh namespace."""
+    url, namespace = shared_redis_url(), unique_namespace()
+    opened = [open_fleet(url, namespace=namespace) for _ in range(3)]
+    yield opened
+    keys = [key async for key in opened[0].redis.scan_iter(match=f"{namespace}:*")]
+    if keys:
+        await opened[0].redis.delete(*keys)
+    for fleet in opened:
+        await fleet.close()
+
+
+def shared(fleets: list[Fleet], log: RequestLog) -> list[SharedBudgets]:
+    return [SharedBudgets(fleet, LocalBudgets(log), log) for fleet in fleets]
+
+
+async def test_three_processes_asking_at_once_admit_exactly_the_budget_starting_from_the_request_log(
+    fleets: list[Fleet],
+) -> None:
+    log = RequestLog(bud_requests=10)  # 10 spent before any process started
+    counters = shared(fleets, log)
+
+    answers = await asyncio.gather(*(counters[turn % 3].admit("p1", [REQUESTS], AT) for turn in range(200)))
+
+    assert answers.count(None) == 40
+    assert set(answers) == {None, REQUESTS}
+    assert {since for _, since in log.asked} == {datetime(2026, 11, 26, tzinfo=UTC)}
+    assert len(log.asked) <= 3  # seeded once (a process or two may race to it; only the first one counts)
+    # The next day is a new period: a new counter, from the request log again.
+    assert await counters[0].admit("p1", [REQUESTS], datetime(2026, 11, 27, 0, 0, 1, tzinfo=UTC)) is None
+
+
+async def test_tokens_are_admitted_while_under_the_budget_and_settled_after(fleets: list[Fleet]) -> None:
+    counters = shared(fleets, RequestLog(bud_tokens=900))
+
+    assert await counters[0].admit("p1", [TOKENS, REQUESTS], AT) is None
+    counters[1].settle([(TOKENS, AT, 99)])
+    await asyncio.sleep(0.1)
+    assert await counters[2].admit("p1", [TOKENS], AT) is None  # 999 of 1000
+    counters[2].settle([(TOKENS, AT, 5)])
+    await asyncio.sleep(0.1)
+    assert await counters[0].admit("p1", [REQUESTS, TOKENS], AT) is TOKENS  # 1004: spent
+    # A refusal counts nothing: the requests budget still holds only the first request.
+    assert await fleets[0].redis.get(fleets[0].key("budget", REQUESTS.counter(AT))) == b"1"
+
+
+async def test_without_redis_budgets_count_per_process_from_the_request_log_and_are_shared_again_after(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="credgate.fleet.budgets")
+    log = RequestLog(bud_requests=47)
+    with private_redis(tmp_path) as redis:
+        fleet = open_fleet(redis.url, namespace=unique_namespace())
+        counters = SharedBudgets(fleet, LocalBudgets(log), log)
+        try:
+            assert await counters.admit("p1", [REQUESTS], AT) is None  # 48, in Redis
+            redis.stop()
+            # Redis is gone: counted here, from the request log (which says 47 and is behind): 48, 49, 50, spent.
+            answers = [await counters.admit("p1", [REQUESTS], AT) for _ in range(4)]
+            assert answers == [None, None, None, REQUESTS]
+            downs = [record for record in caplog.records if "budgets are counted per process" in record.message]
+            assert len(downs) == 1
+            redis.start()
+            await asyncio.sleep(RETRY_SECONDS + 0.1)
+            assert await counters.admit("p1", [REQUESTS], AT) is None  # back in Redis, which held 48
+            assert "budgets are shared again" in caplog.text
+        finally:
+            await fleet.close()
