@@ -264,3 +264,38 @@ def test_a_key_pool_is_managed_from_the_cli_and_no_secret_is_printed(credgate: A
     for result in (added, listed, moved, removed):
         assert KEY not in result.output
         assert ROTATED_KEY not in result.output
+
+
+def test_budgets_and_a_price_list_are_managed_from_the_cli(credgate: Any) -> None:
+    project = project_id(credgate)
+    credgate(
+        "integrations", "add", project, "acme", "--base-url", "https://api.acme.test", "--api-key-stdin", stdin=KEY
+    )
+    priced = credgate("integrations", "set-prices", project, "acme", "gpt-4o-mini*=0.15,0.6", "*=2.5,10")
+    assert priced.exit_code == 0, priced.output
+    assert json.loads(priced.output)["prices"] == [
+        {"model": "gpt-4o-mini*", "input": 0.15, "output": 0.6},
+        {"model": "*", "input": 2.5, "output": 10.0},
+    ]
+    assert credgate("integrations", "set-prices", project, "acme", "gpt-4o").exit_code == 2
+
+    added = credgate("budgets", "add", project, "--metric", "cost", "--limit", "25", "--period", "month")
+    assert added.exit_code == 0, added.output
+    budget = json.loads(added.output)
+    assert (budget["metric"], budget["limit"], budget["spent"], budget["provider"]) == ("cost", 25.0, 0, None)
+    assert budget["resets_at"] > budget["period_start"]
+    counted = credgate(
+        "budgets", "add", project, "--metric", "requests", "--limit", "1000", "--period", "day", "--provider", "acme"
+    )
+    assert json.loads(counted.output)["limit"] == 1000
+    refused = credgate("budgets", "add", project, "--metric", "requests", "--limit", "2.5", "--period", "day")
+    assert (refused.exit_code, "limit: must be a whole number of requests" in refused.output) == (2, True)
+    assert credgate("budgets", "add", project, "--metric", "tokens", "--limit", "9", "--period", "year").exit_code == 2
+
+    updated = credgate("budgets", "update", project, budget["id"], "--limit", "30.5", "--period", "day")
+    assert (json.loads(updated.output)["limit"], json.loads(updated.output)["period"]) == (30.5, "day")
+    listed = json.loads(credgate("budgets", "list", project).output)["items"]
+    assert [found["metric"] for found in listed] == ["cost", "requests"]
+    assert credgate("budgets", "remove", project, budget["id"]).exit_code == 0
+    assert credgate("budgets", "remove", project, budget["id"]).exit_code == 3
+    assert credgate("budgets", "update", project, "bud_missing", "--limit", "3").exit_code == 3

@@ -11,7 +11,7 @@ import getpass
 import json
 import logging
 import sys
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from datetime import timedelta
 from types import EllipsisType
 from typing import Any, TypeVar
@@ -27,6 +27,7 @@ except ImportError:  # an optional speed-up, absent on Windows
 
 from credgate.admin_api.schemas import (
     AuditEventOut,
+    BudgetOut,
     IntegrationIn,
     IntegrationOut,
     IntegrationPatchIn,
@@ -63,6 +64,7 @@ from credgate.server import bind_listeners, configure_logging, exit_zero_on_sigt
 from credgate.services import (
     admins,
     audit,
+    budgets,
     integrations,
     key_pools,
     master_keys,
@@ -75,6 +77,7 @@ from credgate.services.bootstrap import open_context
 from credgate.services.context import Context
 from credgate.services.verification import Verification
 from credgate.specs import AuthSpec, Endpoint
+from credgate.spending import METRICS, PERIODS
 from credgate.storage.models import Integration
 from credgate.tracing import tracing_requested
 
@@ -109,8 +112,8 @@ def _run(settings: Settings, work: Callable[[Context], Awaitable[T]]) -> T:
     raise AssertionError("unreachable")
 
 
-def _print(value: BaseModel | list[BaseModel] | dict[str, Any]) -> None:
-    if isinstance(value, list):
+def _print(value: BaseModel | Sequence[BaseModel] | dict[str, Any]) -> None:
+    if isinstance(value, list | tuple):
         value = {"items": [item.model_dump(mode="json") for item in value]}
     elif isinstance(value, BaseModel):
         value = value.model_dump(mode="json")
@@ -760,6 +763,113 @@ def keys_remove(settings: Settings, project_id: str, provider: str, key_id: str)
         lambda ctx: key_pools.remove_key(ctx, project_id=project_id, provider=provider, key_id=key_id, actor=_actor()),
     )
     _print(IntegrationOut.of(found))
+
+
+@integrations_group.command("set-prices")
+@click.argument("project_id")
+@click.argument("provider")
+@click.argument("prices", nargs=-1)
+@pass_settings
+def integrations_set_prices(settings: Settings, project_id: str, provider: str, prices: tuple[str, ...]) -> None:
+    """Replace the price list, each line as "MODEL=INPUT,OUTPUT" in dollars per million tokens (e.g.
+    "gpt-4o-mini*=0.15,0.6"); MODEL is a glob and the first matching line prices a response. None clears it."""
+    lines = []
+    for index, entry in enumerate(prices, 1):
+        model, _, numbers = entry.rpartition("=")
+        input_price, _, output_price = numbers.partition(",")
+        try:
+            lines.append({"model": model.strip(), "input": float(input_price), "output": float(output_price)})
+        except ValueError:
+            _fail(f"price {index}: must be MODEL=INPUT,OUTPUT, two numbers of dollars per million tokens", 2)
+    found = _run(
+        settings,
+        lambda ctx: budgets.set_prices(ctx, project_id=project_id, provider=provider, prices=lines, actor=_actor()),
+    )
+    _print(IntegrationOut.of(found))
+
+
+@main.group("budgets")
+def budgets_group() -> None:
+    """A project's budgets: requests, tokens or cost per UTC day or month; 402 once spent."""
+
+
+async def _budget_states(ctx: Context, project_id: str, budget_id: str | None = None) -> list[BudgetOut]:
+    states = await budgets.list_budgets(ctx, project_id=project_id)
+    return [BudgetOut.of(state) for state in states if budget_id in (None, state.budget.id)]
+
+
+@budgets_group.command("list")
+@click.argument("project_id")
+@pass_settings
+def budgets_list(settings: Settings, project_id: str) -> None:
+    """The project's budgets and what each has spent in its current period."""
+    _print(_run(settings, lambda ctx: _budget_states(ctx, project_id)))
+
+
+@budgets_group.command("add")
+@click.argument("project_id")
+@click.option("--metric", type=click.Choice(METRICS), required=True, help="What the budget counts.")
+@click.option("--limit", type=float, required=True, help="Requests or tokens (whole), or dollars for cost.")
+@click.option("--period", type=click.Choice(PERIODS), required=True, help="A UTC calendar day or month.")
+@click.option("--provider", help="Only this provider's traffic (default: every provider).")
+@pass_settings
+def budgets_add(
+    settings: Settings, project_id: str, metric: str, limit: float, period: str, provider: str | None
+) -> None:
+    """Add a budget; requests over it get 402 until the period resets."""
+
+    async def work(ctx: Context) -> list[BudgetOut]:
+        budget = await budgets.add_budget(
+            ctx,
+            project_id=project_id,
+            metric=metric,
+            limit=_whole_if_counted(metric, limit),
+            period=period,
+            provider=provider,
+            actor=_actor(),
+        )
+        return await _budget_states(ctx, project_id, budget.id)
+
+    _print(_run(settings, work)[0])
+
+
+def _whole_if_counted(metric: str, limit: float) -> float | int:
+    """Click reads every limit as a number; requests and tokens are whole (the service refuses 1.5 itself)."""
+    return int(limit) if metric != "cost" and limit.is_integer() else limit
+
+
+@budgets_group.command("update")
+@click.argument("project_id")
+@click.argument("budget_id")
+@click.option("--limit", type=float, help="A new limit; the period's spend so far counts against it.")
+@click.option("--period", type=click.Choice(PERIODS), help="A new period.")
+@pass_settings
+def budgets_update(
+    settings: Settings, project_id: str, budget_id: str, limit: float | None, period: str | None
+) -> None:
+    """Change a budget's limit or period."""
+
+    async def work(ctx: Context) -> list[BudgetOut]:
+        found = await _budget_states(ctx, project_id, budget_id)
+        if not found:
+            raise NotFound("no such budget")
+        new_limit = None if limit is None else _whole_if_counted(found[0].metric, limit)
+        await budgets.update_budget(
+            ctx, project_id=project_id, budget_id=budget_id, limit=new_limit, period=period, actor=_actor()
+        )
+        return await _budget_states(ctx, project_id, budget_id)
+
+    _print(_run(settings, work)[0])
+
+
+@budgets_group.command("remove")
+@click.argument("project_id")
+@click.argument("budget_id")
+@pass_settings
+def budgets_remove(settings: Settings, project_id: str, budget_id: str) -> None:
+    """Remove a budget: its requests are no longer counted against it."""
+    _run(settings, lambda ctx: budgets.remove_budget(ctx, project_id=project_id, budget_id=budget_id, actor=_actor()))
+    click.echo(f"budget {budget_id} of project {project_id} removed")
 
 
 @main.command("templates")
