@@ -45,6 +45,8 @@ class Settings(BaseSettings):
     log_level: str = "info"
     # `text`, or `json`: one object per line, the request id on every line about a request (README, Logs).
     log_format: Literal["text", "json"] = "text"
+    # How often each process looks for events no request announces: budget thresholds, key ages, token expiry.
+    event_scan_seconds: float = Field(default=15.0, gt=0, le=3600)
     # How long the request log keeps a proxied request (bodies are never kept).
     request_log_days: int = Field(default=30, ge=1)
 

@@ -58,6 +58,7 @@ GraceSeconds = Annotated[int, Field(ge=0, le=int(MAX_GRACE.total_seconds()))]
 ExpiresInSeconds = Annotated[int, Field(ge=1, le=int(MAX_TOKEN_LIFETIME.total_seconds()))]
 ExpiresInDays = Annotated[int, Field(ge=1, le=MAX_TOKEN_LIFETIME.days)]  # the panel's and `--days` unit
 RateLimitPerMinute = Annotated[int, Field(ge=1, le=MAX_RATE_LIMIT_PER_MINUTE)]
+KeyMaxAgeDays = Annotated[int, Field(ge=1, le=MAX_TOKEN_LIFETIME.days)]
 ListLimit = Annotated[int, Field(ge=1, le=MAX_LISTED)]
 UsageDays = Annotated[int, Field(ge=1, le=MAX_USAGE_WINDOW.days)]
 

@@ -68,6 +68,18 @@ dependency_up = Gauge(
     ["dependency"],
     multiprocess_mode="livemin",
 )
+events_emitted = Counter("credgate_events", "Events written for the projects' webhooks, by type.", ["type"])
+event_deliveries = Counter(
+    "credgate_event_deliveries",
+    "Webhook delivery attempts, by outcome: delivered, retried (to be tried again), failed (after every retry).",
+    ["outcome"],
+)
+# Every process scans the same database: the highest (latest) count of any of them.
+keys_over_age = Gauge(
+    "credgate_provider_keys_over_age",
+    "Provider keys whose secret is older than their project's key age policy.",
+    multiprocess_mode="livemax",
+)
 access_lookups = Counter("credgate_access_lookups", "Token lookups, by result: hit (memory) or miss.", ["result"])
 
 

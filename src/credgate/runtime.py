@@ -22,6 +22,7 @@ from credgate.resolved import ResolvedIntegration
 from credgate.services.access import follow_notices, watch_database
 from credgate.services.budgets import spent_since
 from credgate.services.context import Context
+from credgate.services.events import EventDispatcher
 from credgate.services.usage import UsageRecorder
 from credgate.services.verification import Verification
 from credgate.specs import Endpoint
@@ -81,11 +82,13 @@ class Runtime:
         # The objects of start-up (modules, the ORM's and pydantic's) live as long as the process: out of the
         # collector's way, a full collection under load takes a fraction of the time.
         asyncio.get_running_loop().call_later(1.0, gc.freeze)
+        dispatcher = EventDispatcher(ctx, proxy.post_event, scan_interval=settings.event_scan_seconds)
         tasks = [
             asyncio.create_task(
                 watch_database(ctx, interval=settings.change_poll_seconds, stale_seconds=settings.stale_seconds)
             ),
             asyncio.create_task(recorder.run()),
+            asyncio.create_task(dispatcher.run()),
         ]
         # Notices at once, through Redis, else PostgreSQL's LISTEN; the polling above stays the safety net.
         if ctx.fleet is not None:

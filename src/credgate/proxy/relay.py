@@ -31,6 +31,7 @@ from credgate.errors import (
 )
 from credgate.fleet import RateLimiter, RateLimits, retry_after_header
 from credgate.fleet.budgets import Budgets, LocalBudgets
+from credgate.netguard import NO_PRIVATE_NETWORKS
 from credgate.proxy.client import (
     BodyProblem,
     BodyTooLarge,
@@ -75,6 +76,7 @@ if TYPE_CHECKING:  # the SDK is loaded only when tracing is on
 logger = logging.getLogger(__name__)
 _IN_FLIGHT, _STREAMS_OPEN = metrics.in_flight, metrics.streams_open
 _VERIFY_TIMEOUT = aiohttp.ClientTimeout(total=15)
+_WEBHOOK_TIMEOUT = aiohttp.ClientTimeout(total=10)
 UNAUTHORIZED_MESSAGE = "invalid project token or expired authentication"
 # RFC 6750: a 401 names the scheme the client should use.
 _CHALLENGE = {"WWW-Authenticate": 'Bearer realm="credgate"'}
@@ -464,6 +466,16 @@ class ProxyApp:
             return Verification(accepted=None, status=None, message=error.message)
         except (aiohttp.ClientError, OSError):
             return Verification(accepted=None, status=None, message="the provider could not be reached")
+
+    async def post_event(self, url: str, body: bytes, headers: list[tuple[str, str]]) -> int:
+        """Post a webhook's event (a `Poster`): through the address guard, bounded, never following a redirect."""
+        if self.upstreams.refuses(url, NO_PRIVATE_NETWORKS):
+            raise NonPublicAddress("the webhook's address is not public")
+        async with self.upstreams.default.post(
+            URL(url), data=body, headers=headers, allow_redirects=False, timeout=_WEBHOOK_TIMEOUT
+        ) as response:
+            await response.read()
+            return response.status
 
     async def _prepare(
         self,

@@ -5,16 +5,19 @@ Every change is audited and reaches every worker and instance like any other. Th
 new secret on it, or removes it.
 """
 
+from datetime import timedelta
 from typing import Literal
 
 from credgate.errors import Conflict, InvalidInput, NotFound
 from credgate.limits import MAX_KEY_LABEL_LENGTH, MAX_KEYS_PER_INTEGRATION
 from credgate.services.context import Context
+from credgate.services.events import emit
 from credgate.services.integrations import require_integration
 from credgate.services.provider_keys import add_pool_key, clean_api_key
 from credgate.storage.models import Integration, ProviderKey
 
 PROVIDER_ACTOR = "credgate:provider-refusal"  # the audit's actor when the provider's answer took a key out
+MAX_OVERLAP = timedelta(days=30)  # how long a promoted key's predecessor may stay, at most
 
 
 def key_state(key: ProviderKey) -> Literal["active", "disabled", "failed", "revoked"]:
@@ -114,3 +117,39 @@ async def take_key_out_of_service(ctx: Context, *, project_id: str, provider: st
         if key_state(key) == "active" and len(in_service) > 1:
             key.failed_at = ctx.clock()
             key.failure = failure[:200]
+            data = {
+                "provider": provider,
+                "key_id": key.id,
+                "label": key.label,
+                "hint": key.hint,
+                "failure": key.failure,
+            }
+            await emit(ctx, repo, project_id=project_id, type="provider_key.out_of_service", data=data)
+
+
+async def promote_key(
+    ctx: Context, *, project_id: str, provider: str, key_id: str, retire_previous_after_seconds: int | None, actor: str
+) -> Integration:
+    """Put a (verified) key first and in service; the key that was first stays second for the overlap, then is
+    removed (`retire_previous_after_seconds`; None keeps it)."""
+    if (
+        retire_previous_after_seconds is not None
+        and not 0 <= retire_previous_after_seconds <= MAX_OVERLAP.total_seconds()
+    ):
+        raise InvalidInput("retire_previous_after_seconds", f"must be from 0 to {int(MAX_OVERLAP.total_seconds())}")
+    async with ctx.change(actor=actor, action="provider_key.promote", project_id=project_id, provider=provider) as repo:
+        integration = await require_integration(repo, project_id, provider)
+        key = find_key(integration, key_id)
+        if key.ciphertext is None:
+            raise Conflict("a revoked key cannot be promoted: set a new secret on it first")
+        previous = integration.keys[0]
+        ordered = [key, *(other for other in integration.keys if other is not key)]
+        for place, each in enumerate(ordered):
+            each.position = place
+        integration.keys.sort(key=lambda each: each.position)
+        now = ctx.clock()
+        key.disabled, key.failed_at, key.failure, key.retire_at = False, None, None, None
+        if previous is not key and retire_previous_after_seconds is not None:
+            previous.retire_at = now + timedelta(seconds=retire_previous_after_seconds)
+        key.updated_at = previous.updated_at = integration.updated_at = now
+    return integration

@@ -9,6 +9,7 @@ from credgate.errors import StartupError
 from credgate.limits import MAX_ACTOR_LENGTH
 from credgate.masterkey import master_keys_from_env, read_key_file, write_key_file
 from credgate.services.context import Context
+from credgate.services.events import reseal_webhook_secrets
 from credgate.services.panel_state import reseal_panel_state
 from credgate.services.provider_keys import reseal
 from credgate.storage import Repository
@@ -63,9 +64,9 @@ async def reseal_all(ctx: Context, *, actor: str, settle_seconds: float = 1.0) -
     `settle_seconds` and passes again, so a write that read the key ring just before the new key arrived,
     and committed late, is resealed too before the old key can be dropped.
     """
-    resealed = await _reseal_pending(ctx) + await reseal_panel_state(ctx)
+    resealed = await _reseal_pending(ctx) + await reseal_panel_state(ctx) + await reseal_webhook_secrets(ctx)
     await asyncio.sleep(settle_seconds)
-    resealed += await _reseal_pending(ctx) + await reseal_panel_state(ctx)
+    resealed += await _reseal_pending(ctx) + await reseal_panel_state(ctx) + await reseal_webhook_secrets(ctx)
     async with ctx.database.transaction() as repo:
         await repo.set_meta(KEY_CHECK, seal_key_check(ctx.keyring))
         repo.add(AuditEvent(at=ctx.clock(), actor=actor[:MAX_ACTOR_LENGTH], action="master_key.rotate"))

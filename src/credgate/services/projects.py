@@ -7,7 +7,7 @@ from types import EllipsisType
 
 from credgate.crypto import generate_token, hash_token
 from credgate.errors import NotFound
-from credgate.limits import ExpiresInSeconds, GraceSeconds, Name, RateLimitPerMinute, within
+from credgate.limits import ExpiresInSeconds, GraceSeconds, KeyMaxAgeDays, Name, RateLimitPerMinute, within
 from credgate.services.context import Context, new_id, plausible_id
 from credgate.storage import Repository
 from credgate.storage.models import Project, ProjectToken
@@ -74,6 +74,7 @@ class ProjectChanges:
 
     name: str | None = None
     rate_limit_per_minute: int | EllipsisType | None = ...
+    key_max_age_days: int | EllipsisType | None = ...  # keys older than this are flagged; None: no policy
 
 
 async def update_project(ctx: Context, *, project_id: str, changes: ProjectChanges, actor: str) -> Project:
@@ -81,12 +82,16 @@ async def update_project(ctx: Context, *, project_id: str, changes: ProjectChang
         within("name", Name, changes.name)
     if changes.rate_limit_per_minute is not None and not isinstance(changes.rate_limit_per_minute, EllipsisType):
         within("rate_limit_per_minute", RateLimitPerMinute, changes.rate_limit_per_minute)
+    if changes.key_max_age_days is not None and not isinstance(changes.key_max_age_days, EllipsisType):
+        within("key_max_age_days", KeyMaxAgeDays, changes.key_max_age_days)
     async with ctx.change(actor=actor, action="project.update", project_id=project_id) as repo:
         project = await require_project(repo, project_id)
         if changes.name is not None:
             project.name = changes.name
         if not isinstance(changes.rate_limit_per_minute, EllipsisType):
             project.rate_limit_per_minute = changes.rate_limit_per_minute
+        if not isinstance(changes.key_max_age_days, EllipsisType):
+            project.key_max_age_days = changes.key_max_age_days
         project.updated_at = ctx.clock()
     return project
 

@@ -88,7 +88,7 @@ def _seal_into(keyring: KeyRing, integration: Integration, key: ProviderKey, api
     key.master_key_id = keyring.primary_key_id
     key.hint = key_hint(api_key, auth_method=integration.auth["method"])
     key.failed_at = key.failure = None
-    key.updated_at = now
+    key.updated_at = key.sealed_at = now
 
 
 def destroy_provider_key(integration: Integration, *, now: datetime) -> None:

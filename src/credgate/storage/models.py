@@ -12,6 +12,7 @@ from sqlalchemy import (
     Index,
     LargeBinary,
     String,
+    Text,
     TypeDecorator,
     UniqueConstraint,
     text,
@@ -65,6 +66,8 @@ class Project(Base):
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
     name: Mapped[str] = mapped_column(String(MAX_NAME_LENGTH))
     rate_limit_per_minute: Mapped[int | None]
+    # Keys whose secret is older than this are flagged (panel, metric, an event); None: no policy.
+    key_max_age_days: Mapped[int | None]
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
 
@@ -165,10 +168,17 @@ class ProviderKey(Base):
     # Set when the provider refused the key (401, 403): out of service until an admin puts it back.
     failed_at: Mapped[datetime | None]
     failure: Mapped[str | None] = mapped_column(String(200))
+    sealed_at: Mapped[datetime | None]  # when its current secret was set (None: rows older than that; see created_at)
+    retire_at: Mapped[datetime | None]  # set when another key was promoted over it: removed at that time
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
 
     integration: Mapped[Integration] = relationship(back_populates="keys")
+
+    @property
+    def secret_since(self) -> datetime:
+        """When its current secret was set: what its age counts from."""
+        return self.sealed_at or self.created_at
 
 
 class Budget(Base):
@@ -181,10 +191,58 @@ class Budget(Base):
     metric: Mapped[str] = mapped_column(String(16))  # "requests", "tokens" or "cost"
     period: Mapped[str] = mapped_column(String(8))  # "day" or "month", calendar periods in UTC
     amount: Mapped[int] = mapped_column(BigInteger)  # the limit, in the metric's unit (cost: micro-dollars)
+    thresholds: Mapped[list[Any]] = mapped_column(default=lambda: [80, 100])  # percents that raise an event
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
 
     project: Mapped[Project] = relationship(back_populates="budgets")
+
+
+class Webhook(Base):
+    """Where a project's events are posted, signed with its own secret (sealed, like a provider key)."""
+
+    __tablename__ = "webhooks"
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    project_id: Mapped[str] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"), index=True)
+    url: Mapped[str] = mapped_column(String(MAX_URL_LENGTH))
+    events: Mapped[list[Any]]  # the event types it receives; empty: every type
+    secret_ciphertext: Mapped[bytes] = mapped_column(LargeBinary)
+    master_key_id: Mapped[str] = mapped_column(String(16), index=True)
+    enabled: Mapped[bool]
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+
+
+class Event(Base):
+    """Something a project's webhooks hear of; `body` is the exact JSON posted (and signed)."""
+
+    __tablename__ = "events"
+    __table_args__ = (Index("ix_events_project_id_created_at", "project_id", "created_at"),)
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    project_id: Mapped[str] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"))
+    type: Mapped[str] = mapped_column(String(64))
+    # Events that must happen once whoever notices them (a threshold crossed, a key come of age) carry a key.
+    once_key: Mapped[str | None] = mapped_column(String(200), unique=True)
+    body: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime]
+
+
+class EventDelivery(Base):
+    """One event to one webhook: pending (with its next attempt), delivered, or failed after every retry."""
+
+    __tablename__ = "event_deliveries"
+    id: Mapped[int] = mapped_column(primary_key=True, autoincrement=True)
+    event_id: Mapped[str] = mapped_column(ForeignKey("events.id", ondelete="CASCADE"))
+    webhook_id: Mapped[str] = mapped_column(ForeignKey("webhooks.id", ondelete="CASCADE"), index=True)
+    status: Mapped[str] = mapped_column(String(16))
+    attempts: Mapped[int]
+    next_attempt_at: Mapped[datetime | None] = mapped_column(index=True)
+    last_status: Mapped[int | None]  # the receiver's HTTP status
+    last_error: Mapped[str | None] = mapped_column(String(200))
+    delivered_at: Mapped[datetime | None]
+    created_at: Mapped[datetime]
+
+    event: Mapped[Event] = relationship(lazy="joined")
 
 
 class AuditEvent(Base):

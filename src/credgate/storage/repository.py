@@ -6,6 +6,7 @@ from datetime import datetime
 from typing import Any, cast
 
 from sqlalchemy import Table, case, delete, func, insert, literal, select, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import joinedload, raiseload, selectinload
 
@@ -16,12 +17,15 @@ from credgate.storage.models import (
     AuditEvent,
     Base,
     Budget,
+    Event,
+    EventDelivery,
     Integration,
     Meta,
     Project,
     ProjectToken,
     ProviderKey,
     RequestRecord,
+    Webhook,
 )
 
 
@@ -275,6 +279,98 @@ class Repository:
     async def get_budget(self, project_id: str, budget_id: str) -> Budget | None:
         statement = select(Budget).where(Budget.project_id == project_id, Budget.id == budget_id)
         return (await self._session.scalars(statement)).one_or_none()
+
+    async def list_all_budgets(self) -> Sequence[Budget]:
+        return (await self._session.scalars(select(Budget).order_by(Budget.project_id, Budget.id))).all()
+
+    # key age, retirement, token expiry (what the event scan looks for)
+
+    async def keys_under_age_policy(self) -> Sequence[tuple[ProviderKey, Integration, int]]:
+        """Every key with a secret, of a project with a key age policy, with its integration and the policy."""
+        statement = (
+            select(ProviderKey, Integration, Project.key_max_age_days)
+            .join(Integration, Integration.id == ProviderKey.integration_id)
+            .join(Project, Project.id == Integration.project_id)
+            .where(Project.key_max_age_days.is_not(None), ProviderKey.ciphertext.is_not(None))
+            .options(raiseload(Integration.keys))
+        )
+        return [(row[0], row[1], int(row[2] or 0)) for row in (await self._session.execute(statement)).all()]
+
+    async def keys_to_retire(self, *, now: datetime) -> Sequence[ProviderKey]:
+        statement = (
+            select(ProviderKey)
+            .where(ProviderKey.retire_at.is_not(None), ProviderKey.retire_at <= now)
+            .options(selectinload(ProviderKey.integration))
+        )
+        return (await self._session.scalars(statement)).all()
+
+    async def tokens_expiring(self, *, after: datetime, before: datetime) -> Sequence[ProjectToken]:
+        statement = select(ProjectToken).where(ProjectToken.expires_at > after, ProjectToken.expires_at <= before)
+        return (await self._session.scalars(statement)).all()
+
+    # events and webhooks
+
+    async def list_webhooks(self, project_id: str) -> Sequence[Webhook]:
+        statement = select(Webhook).where(Webhook.project_id == project_id).order_by(Webhook.created_at, Webhook.id)
+        return (await self._session.scalars(statement)).all()
+
+    async def get_webhook(self, project_id: str, webhook_id: str) -> Webhook | None:
+        statement = select(Webhook).where(Webhook.project_id == project_id, Webhook.id == webhook_id)
+        return (await self._session.scalars(statement)).one_or_none()
+
+    async def webhooks_not_under(self, master_key_id: str, *, limit: int) -> Sequence[Webhook]:
+        statement = select(Webhook).where(Webhook.master_key_id != master_key_id).limit(limit)
+        return (await self._session.scalars(statement)).all()
+
+    async def add_event_once(self, event: Event) -> bool:
+        """Insert `event` unless one with its `once_key` exists (whoever else noticed it first); True when
+        inserted. A conflict leaves the transaction usable."""
+        if event.once_key is not None:
+            found = await self._session.scalar(select(Event.id).where(Event.once_key == event.once_key))
+            if found is not None:
+                return False
+            try:
+                async with self._session.begin_nested():
+                    self._session.add(event)
+            except IntegrityError:  # noticed at the same moment elsewhere
+                return False
+            return True
+        self._session.add(event)
+        return True
+
+    async def claim_due_deliveries(
+        self, *, now: datetime, lease_until: datetime, limit: int
+    ) -> Sequence[EventDelivery]:
+        """Pending deliveries due by `now`, leased until `lease_until` so that no other process sends them
+        meanwhile (rows another transaction holds are skipped on PostgreSQL)."""
+        statement = (
+            select(EventDelivery)
+            .where(EventDelivery.status == "pending", EventDelivery.next_attempt_at <= now)
+            .order_by(EventDelivery.next_attempt_at, EventDelivery.id)
+            .limit(limit)
+            .with_for_update(skip_locked=True, of=EventDelivery)
+        )
+        due = (await self._session.scalars(statement)).unique().all()
+        for delivery in due:
+            delivery.next_attempt_at = lease_until
+        return due
+
+    async def get_delivery(self, delivery_id: int) -> EventDelivery | None:
+        return await self._session.get(EventDelivery, delivery_id)
+
+    async def list_deliveries(
+        self, project_id: str, *, limit: int, webhook_id: str | None = None
+    ) -> Sequence[EventDelivery]:
+        statement = (
+            select(EventDelivery)
+            .join(Event, Event.id == EventDelivery.event_id)
+            .where(Event.project_id == project_id)
+            .order_by(EventDelivery.created_at.desc(), EventDelivery.id.desc())
+            .limit(limit)
+        )
+        if webhook_id is not None:
+            statement = statement.where(EventDelivery.webhook_id == webhook_id)
+        return (await self._session.scalars(statement)).unique().all()
 
     # audit
 
