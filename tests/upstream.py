@@ -647,3 +647,46 @@ async def run_key_judge() -> AsyncIterator[KeyJudge]:
         yield state
     finally:
         await runner.cleanup()
+
+
+@dataclass
+class WebhookReceiver:
+    """A stand-in for an admin's webhook endpoint: answers each post with the next of `statuses` (then 200) and
+    records what it received, headers and exact body."""
+
+    url: str = ""
+    statuses: list[int] = field(default_factory=list)
+    received: list[tuple[dict[str, str], bytes]] = field(default_factory=list)
+    answered: list[int] = field(default_factory=list)
+
+    def bodies(self) -> list[dict[str, Any]]:
+        return [json.loads(body) for _, body in self.received]
+
+    async def wait_for(self, count: int, seconds: float = 10) -> None:
+        for _ in range(int(seconds / 0.02)):
+            if len(self.received) >= count:
+                return
+            await asyncio.sleep(0.02)
+        raise AssertionError(f"{len(self.received)} posts received, not {count}")
+
+
+@asynccontextmanager
+async def run_webhook_receiver() -> AsyncIterator[WebhookReceiver]:
+    state = WebhookReceiver()
+
+    async def receive(request: web.Request) -> web.Response:
+        state.received.append((dict(request.headers), await request.read()))
+        status = state.statuses.pop(0) if state.statuses else 200
+        state.answered.append(status)
+        return web.Response(status=status, text="ok" if status < 300 else "not now")
+
+    app = web.Application()
+    app.router.add_post("/hooks/credgate", receive)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    state.url = f"http://127.0.0.1:{runner.addresses[0][1]}/hooks/credgate"
+    try:
+        yield state
+    finally:
+        await runner.cleanup()

@@ -13,7 +13,9 @@ from credgate.admin_api.schemas import (
     BudgetIn,
     BudgetOut,
     BudgetPatchIn,
+    DeliveryOut,
     EndpointsIn,
+    EventOut,
     IntegrationIn,
     IntegrationOut,
     IntegrationPatchIn,
@@ -27,19 +29,24 @@ from credgate.admin_api.schemas import (
     ProjectOut,
     ProjectPatchIn,
     ProjectSecretOut,
+    PromoteIn,
     RequestRecordOut,
     TemplateOut,
     TokenRotateIn,
     UsageOut,
     VerificationOut,
     VerifiedIntegrationOut,
+    WebhookIn,
+    WebhookOut,
+    WebhookPatchIn,
+    WebhookSecretOut,
     actor_of,
 )
 from credgate.error_responses import ERROR_RESPONSES
 from credgate.errors import Unauthorized
 from credgate.limits import ListLimit, Moment
 from credgate.resolved import ResolvedIntegration
-from credgate.services import admins, audit, budgets, integrations, key_pools, projects, usage, verification
+from credgate.services import admins, audit, budgets, events, integrations, key_pools, projects, usage, verification
 from credgate.services.context import Context
 from credgate.services.verification import Verification
 from credgate.specs import Endpoint
@@ -144,6 +151,7 @@ async def update_project(project_id: str, body: ProjectPatchIn, ctx: ContextDep,
     changes = projects.ProjectChanges(
         name=body.name,
         rate_limit_per_minute=body.rate_limit_per_minute if "rate_limit_per_minute" in body.model_fields_set else ...,
+        key_max_age_days=body.key_max_age_days if "key_max_age_days" in body.model_fields_set else ...,
     )
     return ProjectOut.of(await projects.update_project(ctx, project_id=project_id, changes=changes, actor=actor))
 
@@ -323,6 +331,22 @@ async def verify_pool_key(
     return VerificationOut.of(found)
 
 
+@router.post("/projects/{project_id}/integrations/{provider}/keys/{key_id}/promote")
+async def promote_pool_key(
+    project_id: str, provider: str, key_id: str, body: PromoteIn, ctx: ContextDep, actor: Actor
+) -> IntegrationOut:
+    """Put a key first and in service (verify it first); the key that was first is removed after the overlap."""
+    integration = await key_pools.promote_key(
+        ctx,
+        project_id=project_id,
+        provider=provider,
+        key_id=key_id,
+        retire_previous_after_seconds=body.retire_previous_after_seconds,
+        actor=actor,
+    )
+    return IntegrationOut.of(integration)
+
+
 @router.delete("/projects/{project_id}/integrations/{provider}/keys/{key_id}")
 async def remove_pool_key(project_id: str, provider: str, key_id: str, ctx: ContextDep, actor: Actor) -> IntegrationOut:
     integration = await key_pools.remove_key(ctx, project_id=project_id, provider=provider, key_id=key_id, actor=actor)
@@ -346,6 +370,7 @@ async def add_budget(project_id: str, body: BudgetIn, ctx: ContextDep, actor: Ac
         limit=body.limit,
         period=body.period,
         provider=body.provider,
+        thresholds=body.thresholds,
         actor=actor,
     )
     return await _budget_out(ctx, project_id, budget.id)
@@ -361,7 +386,13 @@ async def update_budget(
     project_id: str, budget_id: str, body: BudgetPatchIn, ctx: ContextDep, actor: Actor
 ) -> BudgetOut:
     await budgets.update_budget(
-        ctx, project_id=project_id, budget_id=budget_id, limit=body.limit, period=body.period, actor=actor
+        ctx,
+        project_id=project_id,
+        budget_id=budget_id,
+        limit=body.limit,
+        period=body.period,
+        thresholds=body.thresholds,
+        actor=actor,
     )
     return await _budget_out(ctx, project_id, budget_id)
 
@@ -379,6 +410,65 @@ async def set_prices(project_id: str, provider: str, body: PricesIn, ctx: Contex
         ctx, project_id=project_id, provider=provider, prices=body.prices, actor=actor
     )
     return IntegrationOut.of(integration)
+
+
+# events
+
+
+@router.get("/projects/{project_id}/webhooks")
+async def list_webhooks(project_id: str, ctx: ContextDep, _actor: Actor) -> ItemsOut[WebhookOut]:
+    return ItemsOut(items=[WebhookOut.of(each) for each in await events.list_webhooks(ctx, project_id=project_id)])
+
+
+@router.post("/projects/{project_id}/webhooks", status_code=201)
+async def add_webhook(project_id: str, body: WebhookIn, ctx: ContextDep, actor: Actor) -> WebhookSecretOut:
+    """A webhook for the project's events, with its signing secret: shown in this answer only."""
+    webhook, secret = await events.add_webhook(
+        ctx, project_id=project_id, url=body.url, events=body.events, actor=actor
+    )
+    return WebhookSecretOut(webhook=WebhookOut.of(webhook), secret=secret)
+
+
+@router.patch("/projects/{project_id}/webhooks/{webhook_id}")
+async def update_webhook(
+    project_id: str, webhook_id: str, body: WebhookPatchIn, ctx: ContextDep, actor: Actor
+) -> WebhookOut:
+    webhook = await events.update_webhook(
+        ctx,
+        project_id=project_id,
+        webhook_id=webhook_id,
+        url=body.url,
+        events=body.events,
+        enabled=body.enabled,
+        actor=actor,
+    )
+    return WebhookOut.of(webhook)
+
+
+@router.delete("/projects/{project_id}/webhooks/{webhook_id}", status_code=204)
+async def remove_webhook(project_id: str, webhook_id: str, ctx: ContextDep, actor: Actor) -> Response:
+    await events.remove_webhook(ctx, project_id=project_id, webhook_id=webhook_id, actor=actor)
+    return Response(status_code=204)
+
+
+@router.post("/projects/{project_id}/webhooks/{webhook_id}/test", status_code=202)
+async def test_webhook(project_id: str, webhook_id: str, ctx: ContextDep, actor: Actor) -> EventOut:
+    """A `webhook.test` event for this webhook alone; its delivery shows in the log within seconds."""
+    event = await events.send_test_event(ctx, project_id=project_id, webhook_id=webhook_id, actor=actor)
+    return EventOut(id=event.id, type=event.type)
+
+
+@router.get("/projects/{project_id}/deliveries")
+async def list_deliveries(
+    project_id: str,
+    ctx: ContextDep,
+    _actor: Actor,
+    webhook_id: str | None = None,
+    limit: Annotated[ListLimit, Query()] = 100,
+) -> ItemsOut[DeliveryOut]:
+    """The webhook delivery log, newest first."""
+    found = await events.list_deliveries(ctx, project_id=project_id, webhook_id=webhook_id, limit=limit)
+    return ItemsOut(items=[DeliveryOut.of(delivery) for delivery in found])
 
 
 # records

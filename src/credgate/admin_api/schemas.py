@@ -15,6 +15,7 @@ from credgate.limits import (
     MAX_KEYS_PER_INTEGRATION,
     ExpiresInSeconds,
     GraceSeconds,
+    KeyMaxAgeDays,
     Name,
     RateLimitPerMinute,
     StreamIdleTimeoutSeconds,
@@ -32,11 +33,13 @@ from credgate.storage import UsageRow
 from credgate.storage.models import (
     AdminToken,
     AuditEvent,
+    EventDelivery,
     Integration,
     Project,
     ProjectToken,
     ProviderKey,
     RequestRecord,
+    Webhook,
 )
 
 ApiKey = Annotated[SecretStr, Field(min_length=1, max_length=MAX_KEY_LENGTH)]
@@ -81,6 +84,9 @@ class ProjectIn(In):
 class ProjectPatchIn(In):
     name: Name | None = None
     rate_limit_per_minute: RateLimitPerMinute | None = None
+    key_max_age_days: KeyMaxAgeDays | None = Field(
+        default=None, description="keys whose secret is older are flagged (panel, metric, event); null: no policy"
+    )
 
 
 class TokenRotateIn(In):
@@ -108,6 +114,7 @@ class ProjectOut(BaseModel):
     id: str
     name: str
     rate_limit_per_minute: int | None
+    key_max_age_days: int | None
     created_at: datetime
     token: TokenOut | None
 
@@ -118,6 +125,7 @@ class ProjectOut(BaseModel):
             id=project.id,
             name=project.name,
             rate_limit_per_minute=project.rate_limit_per_minute,
+            key_max_age_days=project.key_max_age_days,
             created_at=project.created_at,
             token=None if token is None else TokenOut.of(token),
         )
@@ -223,6 +231,12 @@ class PoolKeyPatchIn(In):
     position: Annotated[int, Field(ge=0, le=MAX_KEYS_PER_INTEGRATION - 1)] | None = None
 
 
+class PromoteIn(In):
+    retire_previous_after_seconds: int | None = Field(
+        default=None, description="remove the key that was first after this overlap; null keeps it"
+    )
+
+
 class PoolKeyOut(BaseModel):
     """One key of an integration's pool: never its secret, at most the hint of its last four characters."""
 
@@ -233,6 +247,8 @@ class PoolKeyOut(BaseModel):
     hint: str | None
     failure: str | None  # why the provider's answer took it out of service
     failed_at: datetime | None
+    secret_set_at: datetime  # what its age counts from
+    retire_at: datetime | None  # when it will be removed (another key was promoted over it)
     created_at: datetime
     updated_at: datetime
 
@@ -247,6 +263,8 @@ class PoolKeyOut(BaseModel):
             hint=key.hint if status != "revoked" else None,
             failure=key.failure,
             failed_at=key.failed_at,
+            secret_set_at=key.secret_since,
+            retire_at=key.retire_at,
             created_at=key.created_at,
             updated_at=key.updated_at,
         )
@@ -318,11 +336,13 @@ class BudgetIn(In):
     limit: int | float = Field(description="requests or tokens (whole), or dollars for cost")
     period: Literal["day", "month"]
     provider: str | None = Field(default=None, description="one provider's traffic only; all when absent")
+    thresholds: list[int] = Field(default=[80, 100], description="percentages of the limit that raise an event")
 
 
 class BudgetPatchIn(In):
     limit: int | float | None = None
     period: Literal["day", "month"] | None = None
+    thresholds: list[int] | None = None
 
 
 class BudgetOut(BaseModel):
@@ -336,6 +356,7 @@ class BudgetOut(BaseModel):
     spent: int | float  # so far this period, from the request log
     period_start: datetime
     resets_at: datetime
+    thresholds: list[int]
     created_at: datetime
     updated_at: datetime
 
@@ -351,8 +372,86 @@ class BudgetOut(BaseModel):
             spent=state.spent / MICROS_PER_DOLLAR if budget.metric == "cost" else state.spent,
             period_start=state.period_start,
             resets_at=state.resets_at,
+            thresholds=list(budget.thresholds),
             created_at=budget.created_at,
             updated_at=budget.updated_at,
+        )
+
+
+class WebhookIn(In):
+    url: str = Field(description="where events are posted: a public http(s) URL")
+    events: list[str] = Field(default=[], description="the event types it takes; none: every type")
+
+
+class WebhookPatchIn(In):
+    url: str | None = None
+    events: list[str] | None = None
+    enabled: bool | None = None
+
+
+class WebhookOut(BaseModel):
+    """A webhook: never its secret, which only the answer that created it holds."""
+
+    id: str
+    url: str
+    events: list[str]
+    enabled: bool
+    created_at: datetime
+    updated_at: datetime
+
+    @classmethod
+    def of(cls, webhook: Webhook) -> Self:
+        return cls(
+            id=webhook.id,
+            url=webhook.url,
+            events=list(webhook.events),
+            enabled=webhook.enabled,
+            created_at=webhook.created_at,
+            updated_at=webhook.updated_at,
+        )
+
+
+class WebhookSecretOut(BaseModel):
+    """A new webhook with its signing secret: the only answer that ever shows it."""
+
+    webhook: WebhookOut
+    secret: str
+
+
+class EventOut(BaseModel):
+    id: str
+    type: str
+
+
+class DeliveryOut(BaseModel):
+    """One event to one webhook: its state, attempts and the receiver's last answer."""
+
+    id: int
+    event_id: str
+    event_type: str
+    webhook_id: str
+    status: Literal["pending", "delivered", "failed"]
+    attempts: int
+    next_attempt_at: datetime | None
+    last_status: int | None
+    last_error: str | None
+    delivered_at: datetime | None
+    created_at: datetime
+
+    @classmethod
+    def of(cls, delivery: EventDelivery) -> Self:
+        return cls(
+            id=delivery.id,
+            event_id=delivery.event_id,
+            event_type=delivery.event.type,
+            webhook_id=delivery.webhook_id,
+            status=delivery.status,
+            attempts=delivery.attempts,
+            next_attempt_at=delivery.next_attempt_at if delivery.status == "pending" else None,
+            last_status=delivery.last_status,
+            last_error=delivery.last_error,
+            delivered_at=delivery.delivered_at,
+            created_at=delivery.created_at,
         )
 
 

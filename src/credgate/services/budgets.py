@@ -60,6 +60,15 @@ def limit_of(budget: Budget) -> float | int:
     return budget.amount / MICROS_PER_DOLLAR if budget.metric == "cost" else budget.amount
 
 
+def _thresholds(thresholds: Sequence[object]) -> list[int]:
+    """Percentages of the limit whose crossing raises an event: whole numbers from 1 to 100, at most 10."""
+    if len(thresholds) > 10 or any(
+        isinstance(each, bool) or not isinstance(each, int) or not 1 <= each <= 100 for each in thresholds
+    ):
+        raise InvalidInput("thresholds", "must be at most 10 whole percentages from 1 to 100")
+    return sorted({int(cast(int, each)) for each in thresholds})
+
+
 def _period(period: str) -> str:
     if period not in PERIODS:
         raise InvalidInput("period", "must be day or month")
@@ -82,11 +91,13 @@ async def add_budget(
     limit: object,
     period: str,
     provider: str | None = None,
+    thresholds: Sequence[object] = (80, 100),
     actor: str,
 ) -> Budget:
+    """A budget; an event is raised when its spend crosses each of `thresholds` (percentages of the limit)."""
     if metric not in METRICS:
         raise InvalidInput("metric", "must be requests, tokens or cost")
-    amount, period = _amount(metric, limit), _period(period)
+    amount, period, alerts = _amount(metric, limit), _period(period), _thresholds(thresholds)
     async with ctx.change(actor=actor, action="budget.add", project_id=project_id, provider=provider) as repo:
         await require_project(repo, project_id)
         if provider is not None:
@@ -101,6 +112,7 @@ async def add_budget(
             metric=metric,
             period=period,
             amount=amount,
+            thresholds=alerts,
             created_at=now,
             updated_at=now,
         )
@@ -115,15 +127,20 @@ async def update_budget(
     budget_id: str,
     limit: object = None,
     period: str | None = None,
+    thresholds: Sequence[object] | None = None,
     actor: str,
 ) -> Budget:
-    """A new limit or period (None leaves it); the spend of the period so far counts against the new limit."""
+    """A new limit, period or thresholds (None leaves it); the spend of the period so far counts against the new
+    limit."""
+    alerts = None if thresholds is None else _thresholds(thresholds)
     async with ctx.change(actor=actor, action="budget.update", project_id=project_id) as repo:
         budget = await _require_budget(repo, project_id, budget_id)
         if limit is not None:
             budget.amount = _amount(budget.metric, limit)
         if period is not None:
             budget.period = _period(period)
+        if alerts is not None:
+            budget.thresholds = alerts
         budget.updated_at = ctx.clock()
     return budget
 
