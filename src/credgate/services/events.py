@@ -101,9 +101,10 @@ async def emit(
     )
     if not await repo.add_event_once(event):
         return None
+    # A test is for the webhook named, enabled or not; any other event for those enabled that take its type.
     listeners = [webhook] if webhook is not None else await repo.list_webhooks(project_id)
     for listener in listeners:
-        if listener.enabled and (not listener.events or type in listener.events):
+        if webhook is not None or (listener.enabled and (not listener.events or type in listener.events)):
             repo.add(
                 EventDelivery(
                     event_id=event.id,
