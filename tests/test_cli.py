@@ -299,3 +299,42 @@ def test_budgets_and_a_price_list_are_managed_from_the_cli(credgate: Any) -> Non
     assert credgate("budgets", "remove", project, budget["id"]).exit_code == 0
     assert credgate("budgets", "remove", project, budget["id"]).exit_code == 3
     assert credgate("budgets", "update", project, "bud_missing", "--limit", "3").exit_code == 3
+
+
+def test_webhooks_key_promotion_and_the_key_age_policy_are_managed_from_the_cli(credgate: Any) -> None:
+    project = project_id(credgate)
+    added = credgate("webhooks", "add", project, "https://hooks.example.test/x", "--event", "budget.threshold")
+    assert added.exit_code == 0, added.output
+    secret = json.loads(added.output)["secret"]
+    SWEEP.register(secret)
+    webhook = json.loads(added.output)["webhook"]
+    assert webhook["events"] == ["budget.threshold"]
+    listed = credgate("webhooks", "list", project)
+    assert secret not in listed.output
+    updated = credgate("webhooks", "update", project, webhook["id"], "--all-events", "--disable")
+    assert (json.loads(updated.output)["events"], json.loads(updated.output)["enabled"]) == ([], False)
+    tested = credgate("webhooks", "test", project, webhook["id"])
+    assert json.loads(tested.output)["type"] == "webhook.test"
+    [delivery] = json.loads(credgate("webhooks", "deliveries", project).output)["items"]
+    assert (delivery["event_type"], delivery["status"]) == ("webhook.test", "pending")
+    assert credgate("webhooks", "add", project, "https://x.test/", "--event", "nope").exit_code == 2
+    assert credgate("webhooks", "remove", project, webhook["id"]).exit_code == 0
+    assert credgate("webhooks", "remove", project, webhook["id"]).exit_code == 3
+
+    credgate(
+        "integrations", "add", project, "acme", "--base-url", "https://api.acme.test", "--api-key-stdin", stdin=KEY
+    )
+    second = json.loads(credgate("keys", "add", project, "acme", "--api-key-stdin", stdin=ROTATED_KEY).output)
+    promoted = credgate("keys", "promote", project, "acme", second["id"], "--retire-previous-after", "600")
+    assert promoted.exit_code == 0, promoted.output
+    keys = json.loads(promoted.output)["keys"]
+    assert [key["id"] for key in keys][0] == second["id"]
+    assert keys[1]["retire_at"] is not None
+    policy = credgate("projects", "update", project, "--key-max-age-days", "90")
+    assert json.loads(policy.output)["key_max_age_days"] == 90
+    cleared = credgate("projects", "update", project, "--no-key-max-age")
+    assert json.loads(cleared.output)["key_max_age_days"] is None
+    assert credgate("projects", "update", project, "--key-max-age-days", "9", "--no-key-max-age").exit_code == 2
+    for result in (added, listed, promoted):
+        assert KEY not in result.output
+        assert ROTATED_KEY not in result.output

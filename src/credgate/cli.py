@@ -28,6 +28,7 @@ except ImportError:  # an optional speed-up, absent on Windows
 from credgate.admin_api.schemas import (
     AuditEventOut,
     BudgetOut,
+    DeliveryOut,
     IntegrationIn,
     IntegrationOut,
     IntegrationPatchIn,
@@ -38,6 +39,8 @@ from credgate.admin_api.schemas import (
     TemplateOut,
     UsageOut,
     VerificationOut,
+    WebhookOut,
+    WebhookSecretOut,
 )
 from credgate.app import create_app
 from credgate.catalog import Template
@@ -50,6 +53,7 @@ from credgate.limits import (
     MAX_KEYS_PER_INTEGRATION,
     ExpiresInSeconds,
     GraceSeconds,
+    KeyMaxAgeDays,
     ListLimit,
     RateLimitPerMinute,
     StreamIdleTimeoutSeconds,
@@ -65,6 +69,7 @@ from credgate.services import (
     admins,
     audit,
     budgets,
+    events,
     integrations,
     key_pools,
     master_keys,
@@ -356,19 +361,35 @@ def projects_show(settings: Settings, project_id: str) -> None:
 @click.option("--name", help="A new name.")
 @click.option("--rate-limit", **_limited(RateLimitPerMinute, "Requests per minute through the proxy"))
 @click.option("--no-rate-limit", is_flag=True, help="Turn the rate limit off.")
+@click.option("--key-max-age-days", **_limited(KeyMaxAgeDays, "Flag keys whose secret is older (an event too)"))
+@click.option("--no-key-max-age", is_flag=True, help="Remove the key age policy.")
 @pass_settings
 def projects_update(
-    settings: Settings, project_id: str, name: str | None, rate_limit: int | None, no_rate_limit: bool
+    settings: Settings,
+    project_id: str,
+    name: str | None,
+    rate_limit: int | None,
+    no_rate_limit: bool,
+    key_max_age_days: int | None,
+    no_key_max_age: bool,
 ) -> None:
-    """Rename a project or set its rate limit."""
-    if rate_limit is not None and no_rate_limit:
-        _fail("--rate-limit and --no-rate-limit exclude each other", 2)
-    limit: int | EllipsisType | None = None if no_rate_limit else (rate_limit if rate_limit is not None else ...)
-    changes = projects.ProjectChanges(name=name, rate_limit_per_minute=limit)
+    """Rename a project, set its rate limit or its key age policy."""
+    changes = projects.ProjectChanges(
+        name=name,
+        rate_limit_per_minute=_set_or_clear("rate-limit", rate_limit, no_rate_limit),
+        key_max_age_days=_set_or_clear("key-max-age-days", key_max_age_days, no_key_max_age),
+    )
     project = _run(
         settings, lambda ctx: projects.update_project(ctx, project_id=project_id, changes=changes, actor=_actor())
     )
     _print(ProjectOut.of(project))
+
+
+def _set_or_clear(option: str, value: int | None, clear: bool) -> int | EllipsisType | None:
+    """A setting with a --no- option: its value, None to clear it, or ... to leave it."""
+    if value is not None and clear:
+        _fail(f"--{option} and its --no- option exclude each other", 2)
+    return None if clear else (value if value is not None else ...)
 
 
 @projects_group.command("requests")
@@ -751,6 +772,33 @@ def keys_verify(settings: Settings, project_id: str, provider: str, key_id: str)
     _print(VerificationOut.of(_run(settings, work)))
 
 
+@keys_group.command("promote")
+@click.argument("project_id")
+@click.argument("provider")
+@click.argument("key_id")
+@click.option(
+    "--retire-previous-after",
+    "retire_after",
+    type=click.IntRange(0, 30 * 86400),
+    help="Remove the key that was first after this many seconds of overlap (default: keep it).",
+)
+@pass_settings
+def keys_promote(settings: Settings, project_id: str, provider: str, key_id: str, retire_after: int | None) -> None:
+    """Put a key first and in service (verify it first); its predecessor serves as the fallback until retired."""
+    found = _run(
+        settings,
+        lambda ctx: key_pools.promote_key(
+            ctx,
+            project_id=project_id,
+            provider=provider,
+            key_id=key_id,
+            retire_previous_after_seconds=retire_after,
+            actor=_actor(),
+        ),
+    )
+    _print(IntegrationOut.of(found))
+
+
 @keys_group.command("remove")
 @click.argument("project_id")
 @click.argument("provider")
@@ -870,6 +918,103 @@ def budgets_remove(settings: Settings, project_id: str, budget_id: str) -> None:
     """Remove a budget: its requests are no longer counted against it."""
     _run(settings, lambda ctx: budgets.remove_budget(ctx, project_id=project_id, budget_id=budget_id, actor=_actor()))
     click.echo(f"budget {budget_id} of project {project_id} removed")
+
+
+@main.group("webhooks")
+def webhooks_group() -> None:
+    """A project's webhooks: where its events are posted, signed, and the delivery log."""
+
+
+@webhooks_group.command("list")
+@click.argument("project_id")
+@pass_settings
+def webhooks_list(settings: Settings, project_id: str) -> None:
+    """The project's webhooks (never their secrets)."""
+    _print(
+        [WebhookOut.of(each) for each in _run(settings, lambda ctx: events.list_webhooks(ctx, project_id=project_id))]
+    )
+
+
+@webhooks_group.command("add")
+@click.argument("project_id")
+@click.argument("url")
+@click.option(
+    "--event",
+    "types",
+    multiple=True,
+    help=f"An event type it takes (repeatable; none: every type): {', '.join(events.EVENT_TYPES)}.",
+)
+@pass_settings
+def webhooks_add(settings: Settings, project_id: str, url: str, types: tuple[str, ...]) -> None:
+    """Add a webhook; prints its signing secret, which is never shown again."""
+    webhook, secret = _run(
+        settings, lambda ctx: events.add_webhook(ctx, project_id=project_id, url=url, events=types, actor=_actor())
+    )
+    _print(WebhookSecretOut(webhook=WebhookOut.of(webhook), secret=secret))
+
+
+@webhooks_group.command("update")
+@click.argument("project_id")
+@click.argument("webhook_id")
+@click.option("--url", help="A new URL.")
+@click.option("--event", "types", multiple=True, help="The event types it takes (replaces them).")
+@click.option("--all-events", is_flag=True, help="Take every event type.")
+@click.option("--enable/--disable", "enabled", default=None, help="Post events to it, or stop.")
+@pass_settings
+def webhooks_update(
+    settings: Settings,
+    project_id: str,
+    webhook_id: str,
+    url: str | None,
+    types: tuple[str, ...],
+    all_events: bool,
+    enabled: bool | None,
+) -> None:
+    """Change a webhook's URL, event types, or whether it is enabled."""
+    chosen = [] if all_events else (list(types) if types else None)
+    found = _run(
+        settings,
+        lambda ctx: events.update_webhook(
+            ctx, project_id=project_id, webhook_id=webhook_id, url=url, events=chosen, enabled=enabled, actor=_actor()
+        ),
+    )
+    _print(WebhookOut.of(found))
+
+
+@webhooks_group.command("test")
+@click.argument("project_id")
+@click.argument("webhook_id")
+@pass_settings
+def webhooks_test(settings: Settings, project_id: str, webhook_id: str) -> None:
+    """Queue a webhook.test event for this webhook; a running gateway posts it within seconds."""
+    event = _run(
+        settings, lambda ctx: events.send_test_event(ctx, project_id=project_id, webhook_id=webhook_id, actor=_actor())
+    )
+    _print({"id": event.id, "type": event.type})
+
+
+@webhooks_group.command("deliveries")
+@click.argument("project_id")
+@click.option("--webhook", "webhook_id", help="Only this webhook's.")
+@click.option("--limit", default=50, show_default=True, **_limited(ListLimit, "How many, newest first"))
+@pass_settings
+def webhooks_deliveries(settings: Settings, project_id: str, webhook_id: str | None, limit: int) -> None:
+    """The delivery log: each event to each webhook, its state, attempts and the receiver's last answer."""
+    found = _run(
+        settings,
+        lambda ctx: events.list_deliveries(ctx, project_id=project_id, webhook_id=webhook_id, limit=limit),
+    )
+    _print([DeliveryOut.of(delivery) for delivery in found])
+
+
+@webhooks_group.command("remove")
+@click.argument("project_id")
+@click.argument("webhook_id")
+@pass_settings
+def webhooks_remove(settings: Settings, project_id: str, webhook_id: str) -> None:
+    """Remove a webhook, its secret and its deliveries."""
+    _run(settings, lambda ctx: events.remove_webhook(ctx, project_id=project_id, webhook_id=webhook_id, actor=_actor()))
+    click.echo(f"webhook {webhook_id} of project {project_id} removed")
 
 
 @main.command("templates")
