@@ -328,7 +328,7 @@ def test_webhooks_key_promotion_and_the_key_age_policy_are_managed_from_the_cli(
     promoted = credgate("keys", "promote", project, "acme", second["id"], "--retire-previous-after", "600")
     assert promoted.exit_code == 0, promoted.output
     keys = json.loads(promoted.output)["keys"]
-    assert [key["id"] for key in keys][0] == second["id"]
+    assert keys[0]["id"] == second["id"]
     assert keys[1]["retire_at"] is not None
     policy = credgate("projects", "update", project, "--key-max-age-days", "90")
     assert json.loads(policy.output)["key_max_age_days"] == 90

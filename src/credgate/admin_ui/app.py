@@ -10,7 +10,7 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from credgate.admin_ui import auth_pages, budget_pages, integration_pages, key_pages, project_pages
+from credgate.admin_ui import auth_pages, budget_pages, integration_pages, key_pages, project_pages, webhook_pages
 from credgate.admin_ui.base import Panel, SignInRequired, render
 from credgate.admin_ui.security import SecurityHeaders
 from credgate.errors import ServiceError
@@ -30,6 +30,7 @@ def create_panel(get_context: Callable[[], Context], verify_key: KeyVerifier | N
         *integration_pages.routes,
         *key_pages.routes,
         *budget_pages.routes,
+        *webhook_pages.routes,
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]
     app = Starlette(

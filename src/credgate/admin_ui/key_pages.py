@@ -1,6 +1,8 @@
 """An integration's key pool: its keys in order with their states, a key added, moved, disabled or enabled,
 removed, and the pool's strategy. A key is posted once, blank; no page ever holds a stored one."""
 
+from datetime import timedelta
+
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -12,6 +14,8 @@ from credgate.services.integrations import IntegrationChanges
 from credgate.services.key_pools import key_state
 
 STRATEGIES = {"failover": "Failover: in order, the next key when one is out", "spread": "Spread: the keys take turns"}
+# How long a promoted key's predecessor stays as the fallback ("" keeps it until removed by hand).
+OVERLAPS = {"3600": "1 hour", "86400": "1 day", "604800": "1 week", "0": "no overlap", "": "keep it"}
 
 
 async def _pool_page(
@@ -20,10 +24,21 @@ async def _pool_page(
     project_id, provider = request.path_params["project_id"], request.path_params["provider"]
     project = await projects.get_project(current.ctx, project_id=project_id)
     integration = await integrations.get_integration(current.ctx, project_id=project_id, provider=provider)
+    now = current.ctx.clock()
+    policy = None if project.key_max_age_days is None else timedelta(days=project.key_max_age_days)
     context = {
         "project": project,
         "integration": integration,
-        "keys": [(key, key_state(key)) for key in integration.keys],
+        "keys": [
+            (
+                key,
+                key_state(key),
+                (now - key.secret_since).days,
+                policy is not None and now - key.secret_since >= policy,
+            )
+            for key in integration.keys
+        ],
+        "overlaps": OVERLAPS,
         "strategies": STRATEGIES,
         "errors": {},
         "label": "",
@@ -69,6 +84,19 @@ async def change(request: Request) -> Response:
     key_id, action = request.path_params["key_id"], field(form, "action")
     if action == "verify":
         return await _verify(request, current, key_id)
+    if action == "promote":
+        overlap = field(form, "overlap")
+        await key_pools.promote_key(
+            current.ctx,
+            project_id=request.path_params["project_id"],
+            provider=request.path_params["provider"],
+            key_id=key_id,
+            retire_previous_after_seconds=int(overlap) if overlap in OVERLAPS and overlap else None,
+            actor=current.actor,
+        )
+        kept = "is kept" if not overlap else f"is removed after {OVERLAPS.get(overlap, 'the overlap')}"
+        await current.flash(f"Key promoted: it serves first now; the previous first key {kept}.")
+        return redirect(_back(request))
     found = await integrations.get_integration(
         current.ctx, project_id=request.path_params["project_id"], provider=request.path_params["provider"]
     )

@@ -10,7 +10,7 @@ from starlette.routing import Route
 from credgate.admin_ui.base import field, field_error, form_of, redirect, render, visit
 from credgate.admin_ui.charts import HEIGHT, WIDTH, bars
 from credgate.errors import InvalidInput
-from credgate.limits import ExpiresInDays, GraceSeconds, RateLimitPerMinute, parse_int
+from credgate.limits import ExpiresInDays, GraceSeconds, KeyMaxAgeDays, RateLimitPerMinute, parse_int
 from credgate.services import audit, integrations, projects, usage
 from credgate.services.projects import current_token
 
@@ -58,7 +58,10 @@ async def update_project(request: Request) -> Response:
     project_id = request.path_params["project_id"]
     try:
         limit = _whole_number(form, "rate_limit_per_minute", RateLimitPerMinute)
-        changes = projects.ProjectChanges(name=field(form, "name"), rate_limit_per_minute=limit)
+        max_age = _whole_number(form, "key_max_age_days", KeyMaxAgeDays)
+        changes = projects.ProjectChanges(
+            name=field(form, "name"), rate_limit_per_minute=limit, key_max_age_days=max_age
+        )
         await projects.update_project(current.ctx, project_id=project_id, changes=changes, actor=current.actor)
     except InvalidInput as error:
         return await show_project(request, errors=field_error(error), status=422)
