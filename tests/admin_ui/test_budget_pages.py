@@ -23,12 +23,12 @@ async def test_a_budget_is_added_its_limit_changed_and_removed_from_the_budgets_
     assert "No budget: the project may spend without limit." in (await client.get(page)).text
 
     form = {"csrf": csrf, "metric": "cost", "limit": "$1,250.50", "period": "month", "provider": "openai"}
-    added = await client.post(page, data=form, follow_redirects=True)
+    added = await client.post(page, data=form | {"thresholds": "50%, 90%"}, follow_redirects=True)
     assert "Budget added" in added.text
     [row] = rows(added.text)
-    assert row.startswith("Cost (dollars) a month openai $0.00 (0%)")
+    assert row.startswith("Cost (dollars) a month alerts at 50%, 90% openai $0.00 (0%)")
     [state] = await budgets.list_budgets(ctx, project_id=project_id)
-    assert (state.budget.amount, state.budget.provider) == (1_250_500_000, "openai")
+    assert (state.budget.amount, state.budget.provider, state.budget.thresholds) == (1_250_500_000, "openai", [50, 90])
 
     changed = await client.post(f"{page}/{state.budget.id}", data={"csrf": csrf, "limit": "99"}, follow_redirects=True)
     assert "Budget limit saved." in changed.text
@@ -56,6 +56,9 @@ async def test_a_refused_budget_keeps_what_was_typed_and_says_what_is_wrong(
     assert '<option value="day" selected>' in refused.text
     assert '<option value="openai" selected>' in refused.text
     assert await budgets.list_budgets(ctx, project_id=project_id) == []
+    odd = await client.post(f"/admin/projects/{project_id}/budgets", data=form | {"limit": "5", "thresholds": "half"})
+    assert "Must be at most 10 whole percentages from 1 to 100." in odd.text
+    assert 'value="half"' in odd.text
 
 
 async def test_a_price_list_is_edited_as_text_and_a_bad_line_keeps_the_text(

@@ -27,6 +27,12 @@ def _limit(metric: str, text: str) -> float | int:
     return int(number) if metric != "cost" and number.is_integer() else number
 
 
+def _percentages(text: str) -> list[object]:
+    """ "80, 100" or "80% 100%" as the thresholds; what is not a whole number is left for the service to refuse."""
+    parts = text.replace(",", " ").replace("%", " ").split()
+    return [int(part) if part.isdigit() else part for part in parts]
+
+
 def amount_text(metric: str, amount: int) -> str:
     """A stored amount as the page shows it: "$1.25", "12,000"."""
     return f"${amount / MICROS_PER_DOLLAR:,.2f}" if metric == "cost" else f"{amount:,}"
@@ -54,7 +60,7 @@ async def _budgets_page(
         "metrics": METRICS,
         "periods": PERIODS,
         "errors": {},
-        "form": {"metric": "requests", "period": "month", "limit": "", "provider": ""},
+        "form": {"metric": "requests", "period": "month", "limit": "", "provider": "", "thresholds": "80, 100"},
     }
     return await render(request, "budgets.html", context | (extra or {}), current=current, status=status)
 
@@ -70,7 +76,7 @@ async def page(request: Request) -> Response:
 async def add(request: Request) -> Response:
     current = await visit(request)
     form = await form_of(request, current)
-    typed = {name: field(form, name) for name in ("metric", "period", "limit", "provider")}
+    typed = {name: field(form, name) for name in ("metric", "period", "limit", "provider", "thresholds")}
     try:
         await budgets.add_budget(
             current.ctx,
@@ -79,6 +85,7 @@ async def add(request: Request) -> Response:
             limit=_limit(typed["metric"], typed["limit"]),
             period=typed["period"],
             provider=typed["provider"] or None,
+            thresholds=_percentages(typed["thresholds"]),
             actor=current.actor,
         )
     except (InvalidInput, Conflict, NotFound) as error:
