@@ -1,6 +1,8 @@
 """Budgets and price lists in the admin API: what each budget has spent this period, limits in the metric's unit
 (dollars for cost), and input that makes no sense refused naming its field."""
 
+from typing import Any
+
 import httpx
 import pytest
 
@@ -66,7 +68,10 @@ async def test_a_budget_that_makes_no_sense_is_refused(
 async def test_a_price_list_is_replaced_whole_and_checked_line_by_line(client: httpx.AsyncClient) -> None:
     project_id = await new_project(client)
     await custom(client, project_id)
-    prices = [{"model": "claude-3-5-haiku*", "input": 0.8, "output": 4}, {"model": "*", "input": 3, "output": 15}]
+    prices: list[dict[str, Any]] = [
+        {"model": "claude-3-5-haiku*", "input": 0.8, "output": 4},
+        {"model": "*", "input": 3, "output": 15},
+    ]
 
     stored = await client.put(url(project_id, "acme", "/prices"), json={"prices": prices})
     assert stored.status_code == 200, stored.text

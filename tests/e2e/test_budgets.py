@@ -3,6 +3,7 @@ reported (streams included), 402 once spent, and the spend kept across a restart
 """
 
 import asyncio
+from collections.abc import Mapping
 
 import httpx
 import pytest
@@ -15,13 +16,13 @@ from credgate.services.context import Context
 from tests.e2e.conftest import Project, add_custom, serving
 from tests.upstream import Upstream
 
-CHAT = {"model": "gpt-4o-2024-08-06", "messages": [{"role": "user", "content": "hi"}]}
-STREAMED = CHAT | {"stream": True, "stream_options": {"include_usage": True}}
+CHAT: Mapping[str, object] = {"model": "gpt-4o-2024-08-06", "messages": [{"role": "user", "content": "hi"}]}
+STREAMED = {**CHAT, "stream": True, "stream_options": {"include_usage": True}}
 # The stand-in reports 9 + 3 tokens for a JSON answer, 5 + 3 for a stream asking for its usage.
 PRICES = [{"model": "gpt-4o-mini*", "input": 0.15, "output": 0.6}, {"model": "gpt-4o*", "input": 1000, "output": 2000}]
 
 
-async def chat(gateway_url: str, project: Project, body: dict[str, object] = CHAT) -> httpx.Response:
+async def chat(gateway_url: str, project: Project, body: Mapping[str, object] = CHAT) -> httpx.Response:
     async with httpx.AsyncClient(base_url=gateway_url, timeout=10) as client:
         return await client.post(
             "/proxy/openai/chat/completions", headers={"authorization": f"Bearer {project.token}"}, json=body
