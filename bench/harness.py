@@ -64,10 +64,16 @@ def gateway_env(data_dir: Path, **extra: str) -> dict[str, str]:
 
 
 def add_bench_project(
-    env: dict[str, str], upstream_port: int, endpoints: list[str], *, rate_limit: int | None = None
+    env: dict[str, str],
+    upstream_port: int,
+    endpoints: list[str],
+    *,
+    rate_limit: int | None = None,
+    budgets: bool = False,
 ) -> str:
     """Create the project `bench` with an `openai` integration at the stand-in upstream (and `rate_limit` requests
-    a minute, if given); returns its token."""
+    a minute, if given; with `budgets`, a requests, a tokens and a cost budget far above the load, and a price
+    list); returns its token."""
     project = json.loads(credgate(env, "projects", "create", "bench"))
     project_id, token = project["project"]["id"], project["secret"]
     if rate_limit is not None:
@@ -86,6 +92,10 @@ def add_bench_project(
         stdin=KEY,
     )
     credgate(env, "integrations", "set-endpoints", project_id, "openai", *endpoints)
+    if budgets:
+        credgate(env, "integrations", "set-prices", project_id, "openai", "gpt-4o-mini*=0.15,0.6", "*=2.5,10")
+        for metric, limit in (("requests", "1e12"), ("tokens", "1e15"), ("cost", "1e9")):
+            credgate(env, "budgets", "add", project_id, "--metric", metric, "--limit", limit, "--period", "month")
     return str(token)
 
 

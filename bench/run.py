@@ -5,7 +5,8 @@
 The same POST chat/completions, answered by the same stand-in upstream, through: the upstream direct, the bare
 reference proxy (bench/bare_proxy.py: what any Python proxy must do, and nothing more), credgate with one worker
 and credgate with two; then what features cost: one worker without its access log, and (when a Redis answers on
-127.0.0.1:6379) one worker serving a rate-limited project whose count is kept in Redis. The bare proxy and the
+127.0.0.1:6379) one worker serving a rate-limited project whose count is kept in Redis, and one serving a project
+with three budgets counted in Redis. The bare proxy and the
 one-worker gateways are pinned to core 0, the upstream stand-in and wrk to core 1; two-worker credgate has both
 cores, which it shares with them. Each runs at 64 connections and at 1. Prints ratios (credgate to bare, two
 workers to one), the latency added at one connection, the SSE time to first byte added, and the peak RSS of every
@@ -48,6 +49,7 @@ QUIET = "credgate 1 worker, no access log"
 UNOBSERVED = "credgate 1 worker, no access log, no metrics"
 TRACED = "credgate 1 worker, traces exported"
 SHARED_LIMIT = "credgate 1 worker, rate limit in Redis"
+BUDGETED = "credgate 1 worker, 3 budgets in Redis"
 REDIS_URL = "redis://127.0.0.1:6379/0"
 LUA = """wrk.method = "POST"
 wrk.body = '{"model":"gpt-4o-mini","messages":[{"role":"user","content":"Say hello."}]}'
@@ -170,6 +172,14 @@ def main() -> None:
         shared_port, shared = free_port(), {**env, "CREDGATE_REDIS_URL": REDIS_URL}
         command = pinned(GATEWAY_CORE, [*serve, str(shared_port)])
         systems.append(System(SHARED_LIMIT, command, shared_port, chat, sse, shared, limited))
+        # What budgets cost: a third project with a requests, a tokens and a cost budget, counted in Redis.
+        budgeted = work / "budgeted.lua"
+        budgeted.write_text(
+            LUA % add_bench_project(env, upstream_port, ["POST chat/completions", "GET sse"], budgets=True)
+        )
+        budget_port = free_port()
+        command = pinned(GATEWAY_CORE, [*serve, str(budget_port)])
+        systems.append(System(BUDGETED, command, budget_port, chat, sse, shared, budgeted))
     else:
         print(f"no Redis answers at {REDIS_URL}: the shared rate limit is not measured", file=sys.stderr)
     upstream = subprocess.Popen(
@@ -304,6 +314,13 @@ def render(
             "- a rate limit counted in Redis (one script call for the checks of each event-loop turn) costs "
             f"{limit_cost:.0%} of one worker's throughput at 64 connections and adds "
             f"{p50(SHARED_LIMIT) - p50(one):.2f} ms at p50 at 1 connection"
+        )
+    if (BUDGETED, 64) in rows:
+        budget_cost = 1 - rps(BUDGETED) / rps(one)
+        lines.append(
+            "- three budgets (requests, tokens, cost) counted in Redis (one script call a request to admit, the "
+            f"settlements batched) cost {budget_cost:.0%} of one worker's throughput at 64 connections and add "
+            f"{p50(BUDGETED) - p50(one):.2f} ms at p50 at 1 connection"
         )
     if soak:
         lines.append(f"- soak, RSS every 10 s under load (MB): {', '.join(f'{value:.0f}' for value in soak)}")

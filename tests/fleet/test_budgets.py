@@ -80,6 +80,28 @@ async def test_tokens_are_admitted_while_under_the_budget_and_settled_after(flee
     assert await fleets[0].redis.get(fleets[0].key("budget", REQUESTS.counter(AT))) == b"1"
 
 
+async def test_the_admissions_of_one_turn_share_one_round_trip_and_are_judged_in_order(tmp_path: Path) -> None:
+    with private_redis(tmp_path) as redis:  # its own: the machine's Redis counts every test's calls
+        fleet = open_fleet(redis.url, namespace=unique_namespace())
+        try:
+            counters = SharedBudgets(fleet, LocalBudgets(RequestLog()), RequestLog())
+            for rule in (REQUESTS, TOKENS):  # both counters seeded
+                assert await counters.admit("p1", [rule], AT) is None
+            before = await script_calls(fleet)
+
+            answers = await asyncio.gather(*(counters.admit("p1", [REQUESTS, TOKENS], AT) for _ in range(60)))
+
+            assert await script_calls(fleet) - before == 1
+            assert answers == [None] * 49 + [REQUESTS] * 11  # 50 in all, the first included, in order
+        finally:
+            await fleet.close()
+
+
+async def script_calls(fleet: Fleet) -> int:
+    stats = await fleet.redis.info("commandstats")
+    return sum(int(stats.get(f"cmdstat_{name}", {}).get("calls", 0)) for name in ("evalsha", "eval"))
+
+
 async def test_without_redis_budgets_count_per_process_from_the_request_log_and_are_shared_again_after(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

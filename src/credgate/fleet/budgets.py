@@ -4,8 +4,9 @@ A request is admitted when every budget that applies to it has room (`admit`: a 
 atomically, so N concurrent requests against a budget of M admit at most M); tokens and cost are added once the
 response's usage is known (`settle`). A counter that does not exist yet (a new period, a restarted process, an
 emptied Redis) starts from what the request log says was spent (`seed`), so a restart never resets a budget.
-With Redis, the check and the count are one script for every worker and instance; when Redis does not answer,
-this process counts alone (logged once), and Redis is tried again a second later.
+With Redis, the check and the count are one script for every worker and instance (one call for the admissions of
+an event-loop turn); when Redis does not answer, this process counts alone (logged once), and Redis is tried again
+a second later.
 """
 
 import asyncio
@@ -25,20 +26,40 @@ T = TypeVar("T")
 Seed = Callable[[str, BudgetRule, datetime], Awaitable[int]]
 """What a project's budget had spent in the period that starts at the given time, from the request log."""
 
-# KEYS[i] a budget's counter for the period; ARGV a limit and an amount per key, then the counters' lifetime (ms).
-# A key that does not exist yet answers -i (to be seeded, then asked again); a budget without room, i; else every
-# amount is added and the answer is 0. A budget has room while adding its amount (at least 1) stays within it.
+# The admissions of one event-loop turn, in one call. ARGV[1] is how many; then, for each, how many budgets it
+# has and a limit and an amount per budget; KEYS are the budgets' counters for the period, all the admissions' in
+# turn. Each answer is 0 (admitted: every amount added), i (its i-th budget has no room; nothing added), or -i (its
+# i-th counter does not exist yet: to be seeded from the request log, then asked again). A budget has room while
+# adding its amount (at least 1) stays within its limit. Admissions are judged in order, each seeing the last.
 _ADMIT = """
-for i, key in ipairs(KEYS) do
-  local used = redis.call('GET', key)
-  if not used then return -i end
-  if tonumber(used) + math.max(tonumber(ARGV[2 * i]), 1) > tonumber(ARGV[2 * i - 1]) then return i end
+local answers = {}
+local k, a = 1, 2
+for r = 1, tonumber(ARGV[1]) do
+  local count = tonumber(ARGV[a])
+  a = a + 1
+  local answer = 0
+  for i = 1, count do
+    local used = redis.call('GET', KEYS[k + i - 1])
+    if not used then
+      answer = -i
+      break
+    end
+    if tonumber(used) + math.max(tonumber(ARGV[a + 2 * i - 1]), 1) > tonumber(ARGV[a + 2 * i - 2]) then
+      answer = i
+      break
+    end
+  end
+  if answer == 0 then
+    for i = 1, count do
+      local amount = tonumber(ARGV[a + 2 * i - 1])
+      if amount > 0 then redis.call('INCRBY', KEYS[k + i - 1], amount) end
+    end
+  end
+  answers[r] = answer
+  k = k + count
+  a = a + 2 * count
 end
-for i, key in ipairs(KEYS) do
-  local amount = tonumber(ARGV[2 * i])
-  if amount > 0 then redis.call('INCRBY', key, amount) end
-end
-return 0
+return answers
 """
 # KEYS[i] a counter, ARGV[i] what to add to it: only to a counter that exists (one that does not will be seeded
 # from the request log, which holds this response).
@@ -122,24 +143,18 @@ class SharedBudgets:
         )
         self._settling: set[asyncio.Task[None]] = set()
         self._seeding: dict[str, asyncio.Future[None]] = {}
+        self._batch: list[tuple[list[str], list[int], asyncio.Future[int | None]]] = []
+        self._sending: set[asyncio.Task[None]] = set()
 
     async def admit(self, project_id: str, rules: Sequence[BudgetRule], at: datetime) -> BudgetRule | None:
-        if self._outage.may_try():
-            try:
-                async with asyncio.timeout(ANSWER_TIMEOUT_SECONDS * 3):  # up to two seeds and a retry
-                    answer = await self._admit_shared(project_id, rules, at)
-            except Exception as error:  # whatever the client raises: no request may fail for it
-                self._failed(error)
-            else:
-                self._outage.answered()
-                return answer
-        return await self._local.admit(project_id, rules, at)
-
-    async def _admit_shared(self, project_id: str, rules: Sequence[BudgetRule], at: datetime) -> BudgetRule | None:
+        """None when every budget in `rules` has room (requests are then counted), else the first that has not.
+        The admissions of one event-loop turn share one call to Redis."""
         keys = [self._fleet.key("budget", rule.counter(at)) for rule in rules]
         args = [number for rule in rules for number in (rule.amount, _admitted(rule))]
         for _ in range(len(rules) + 1):
-            answer = int(await self._admit(keys=keys, args=args))
+            answer = await self._ask(keys, args)
+            if answer is None:  # Redis does not answer: this process counts alone
+                return await self._local.admit(project_id, rules, at)
             if answer == 0:
                 return None
             if answer > 0:
@@ -148,9 +163,48 @@ class SharedBudgets:
             await _once(self._seeding, key, functools.partial(self._seed_shared, project_id, rule, at, key))
         raise RuntimeError("budget counters kept disappearing")
 
+    async def _ask(self, keys: list[str], args: list[int]) -> int | None:
+        """This admission's answer from the turn's call; None when Redis did not answer (or is known not to)."""
+        if not self._batch and not self._outage.may_try():
+            return None
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[int | None] = loop.create_future()
+        if not self._batch:
+            loop.call_soon(self._send)  # once every admission of this turn has joined
+        self._batch.append((keys, args, answer))
+        return await answer
+
+    def _send(self) -> None:
+        batch, self._batch = self._batch, []
+        task = asyncio.ensure_future(self._ask_redis(batch))
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
+
+    async def _ask_redis(self, batch: list[tuple[list[str], list[int], asyncio.Future[int | None]]]) -> None:
+        answers: list[int | None] = [None] * len(batch)
+        try:
+            async with asyncio.timeout(ANSWER_TIMEOUT_SECONDS):
+                answered = await self._admit(
+                    keys=[key for keys, _, _ in batch for key in keys],
+                    args=[len(batch), *(number for keys, args, _ in batch for number in (len(keys), *args))],
+                )
+            answers = [int(answer) for answer in answered]
+        except Exception as error:  # whatever the client raises: no request may fail for it
+            self._failed(error)
+        else:
+            self._outage.answered()
+        finally:  # cancelled or not, every admission waiting gets its answer
+            for (_, _, future), answer in zip(batch, answers, strict=False):
+                if not future.done():  # its request may have gone (the client left)
+                    future.set_result(answer)
+
     async def _seed_shared(self, project_id: str, rule: BudgetRule, at: datetime, key: str) -> None:
-        spent = await self._seed(project_id, rule, rule.window(at)[0])
-        await self._fleet.redis.set(key, spent, nx=True, px=_LIFETIME_MS)  # another process may have been first
+        spent = await self._seed(project_id, rule, rule.window(at)[0])  # the database's failure is the request's
+        try:
+            async with asyncio.timeout(ANSWER_TIMEOUT_SECONDS):
+                await self._fleet.redis.set(key, spent, nx=True, px=_LIFETIME_MS)  # another process may be first
+        except Exception as error:  # Redis's is not: the admission is then counted here
+            self._failed(error)
 
     def settle(self, charges: Sequence[Charge]) -> None:
         """Add what responses spent, in one call; never waits, never raises."""
@@ -179,8 +233,10 @@ class SharedBudgets:
         self._outage.failed(error)
 
     async def aclose(self) -> None:
-        """Finish the settlements under way (shutting down)."""
-        await asyncio.gather(*self._settling, return_exceptions=True)
+        """Finish the settlements under way, stop the admissions' calls (shutting down)."""
+        for task in list(self._sending):
+            task.cancel()
+        await asyncio.gather(*self._sending, *self._settling, return_exceptions=True)
 
 
 Budgets = LocalBudgets | SharedBudgets
