@@ -67,7 +67,7 @@ class BudgetRule:
     def counter(self, at: datetime) -> str:
         """The name of this budget's counter for the period of `at`: a new period is a new counter."""
         start = self.window(at)[0]
-        return f"{self.id}:{start:%Y-%m-%d}"
+        return f"{self.id}:{self.period}:{start:%Y-%m-%d}"  # a day and its month start alike: the period tells
 
     def describe(self) -> str:
         """The budget in words, for the 402 message: "$5.00 a month", "1000 requests a day"."""

@@ -144,3 +144,17 @@ async def test_a_budget_that_makes_no_sense_is_refused_naming_the_field(
     with pytest.raises(Exception, match=problem):
         await budgets.add_budget(ctx, project_id=project.id, metric=metric, limit=limit, period="day", actor="t")
     assert await budgets.list_budgets(ctx, project_id=project.id) == []
+
+
+async def test_only_requests_that_pass_every_check_count_against_a_requests_budget(
+    gateway_url: str, ctx: Context, project: Project
+) -> None:
+    await budgets.add_budget(ctx, project_id=project.id, metric="requests", limit=2, period="day", actor="t")
+    async with httpx.AsyncClient(base_url=gateway_url, timeout=10) as client:
+        headers = {"authorization": f"Bearer {project.token}"}
+        assert (await client.get("/proxy/openai/models", headers=headers)).status_code == 403  # not allowed
+    assert (await chat(gateway_url, project)).status_code == 200
+    await settled(ctx, project, 2)
+
+    [state] = await budgets.list_budgets(ctx, project_id=project.id)
+    assert state.spent == 1  # the refused call is in the request log, but was never admitted

@@ -102,3 +102,31 @@ def test_capture_only_counts_a_body_whose_usage_is_not_read() -> None:
     assert record.response_bytes == 1000
     assert record.head == []
     assert not record.tail
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        (
+            b'{"model": "gpt-4o-2024-08-06", "usage": {"prompt_tokens": 9, "completion_tokens": 3}}',
+            (9, 3, "gpt-4o-2024-08-06"),
+        ),
+        (b'{"model": "a\\u0000b", "usage": {"prompt_tokens": 1}}', (1, None, None)),  # a NUL is no model name
+        (b'{"model": "\\ud800", "usage": {"prompt_tokens": 1}}', (1, None, None)),  # nor a lone surrogate
+        (b'{"model": 42, "usage": {"prompt_tokens": -5, "completion_tokens": true}}', (None, None, None)),
+        (b'{"model": "' + b"m" * 300 + b'"}', (None, None, "m" * 200)),
+    ],
+)
+def test_the_model_and_counts_are_taken_only_when_they_are_what_they_claim(
+    body: bytes, expected: tuple[int | None, int | None, str | None]
+) -> None:
+    assert tuple(usage.extract_usage("application/json", body, b"")) == expected
+
+
+def test_a_stream_names_its_model_and_its_usage_in_different_events() -> None:
+    events = (
+        b'event: message_start\ndata: {"type": "message_start", "message": {"model": "claude-3-5-haiku", '
+        b'"usage": {"input_tokens": 12, "output_tokens": 1}}}\n\n'
+        b'event: message_delta\ndata: {"type": "message_delta", "usage": {"output_tokens": 30}}\n\n'
+    )
+    assert tuple(usage.extract_usage("text/event-stream", events, b"")) == (12, 30, "claude-3-5-haiku")

@@ -94,9 +94,11 @@ class LocalBudgets:
             self._used[name] = self._used.get(name, 0) + _admitted(rule)
         return None
 
-    def forget(self) -> None:
-        """Drop every counter: each is seeded again from the request log when next used."""
+    def forget(self) -> list[str]:
+        """Drop every counter (each is seeded again from the request log when next used); their names."""
+        names = list(self._used)
         self._used.clear()
+        return names
 
     def settle(self, charges: Sequence[Charge]) -> None:
         for rule, at, amount in charges:
@@ -192,6 +194,8 @@ class SharedBudgets:
         except Exception as error:  # whatever the client raises: no request may fail for it
             self._failed(error)
         else:
+            if self._outage.failing:
+                await self._reconcile()
             self._outage.answered()
         finally:  # cancelled or not, every admission waiting gets its answer
             for (_, _, future), answer in zip(batch, answers, strict=False):
@@ -226,6 +230,17 @@ class SharedBudgets:
                 )
         except Exception as error:
             self._failed(error)
+
+    async def _reconcile(self) -> None:
+        """Redis is back: what this process counted alone is not in its counters, so the counters it used are
+        dropped, to start again from the request log (which holds every process's requests)."""
+        names = self._local.forget()
+        if names:
+            try:
+                async with asyncio.timeout(ANSWER_TIMEOUT_SECONDS):
+                    await self._fleet.redis.delete(*(self._fleet.key("budget", name) for name in names))
+            except Exception:  # Redis's counters then undercount by this process's outage: logged, not fatal
+                logger.warning("could not reset %d budget counters in Redis after an outage", len(names))
 
     def _failed(self, error: BaseException) -> None:
         if not self._outage.failing:

@@ -267,10 +267,11 @@ class ProxyApp:
                     headers={"Retry-After": retry_after_header(wait)},
                 )
         if access.budgets:
-            await self._spend(access, admitted.integration, record)
+            await self._spend(access, record)
+        record.prices, record.admitted = admitted.integration.prices, True
         return admitted.integration, admitted.credential, admitted.declared_length
 
-    async def _spend(self, access: Access, integration: ResolvedIntegration, record: ProxiedRequest) -> None:
+    async def _spend(self, access: Access, record: ProxiedRequest) -> None:
         """Admit the request by every budget that applies (a requests budget counts it), or 402; what the
         response spends of the others is settled by the recorder, from its usage."""
         try:
@@ -287,7 +288,7 @@ class ProxyApp:
                 f"budget of {spent.describe()} spent; it resets at {resets:%Y-%m-%dT%H:%M:%SZ}",
                 headers={"Retry-After": retry_after_header((resets - record.at).total_seconds())},
             )
-        record.prices, record.budgets = integration.prices, access.budgets
+        record.budgets = access.budgets
 
     async def _relay(
         self,
@@ -474,8 +475,7 @@ class ProxyApp:
         async with self.upstreams.default.post(
             URL(url), data=body, headers=headers, allow_redirects=False, timeout=_WEBHOOK_TIMEOUT
         ) as response:
-            await response.read()
-            return response.status
+            return response.status  # its body is not read: it could be endless
 
     async def _prepare(
         self,

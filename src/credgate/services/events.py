@@ -20,7 +20,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from credgate import metrics
-from credgate.crypto import generate_token, secret_binding
+from credgate.crypto import DecryptionError, generate_token, secret_binding
 from credgate.errors import InvalidInput, NotFound
 from credgate.limits import ListLimit, within
 from credgate.netguard import UpstreamRefused, check_upstream_url
@@ -255,9 +255,17 @@ async def deliver_due(ctx: Context, post: Poster, *, limit: int = 20) -> int:
         work = []
         for delivery in due:
             webhook = await repo.get_webhook(delivery.event.project_id, delivery.webhook_id)
-            if webhook is not None:
+            if webhook is None:
+                continue
+            if not webhook.enabled and delivery.event.type != "webhook.test":
+                _give_up(delivery, delivery.event, "the webhook is disabled")
+                continue
+            try:
                 secret = ctx.keyring.open(webhook.secret_ciphertext, aad=_binding(webhook)).decode()
-                work.append((delivery.id, delivery.event, webhook.url, secret))
+            except DecryptionError:  # its master key is gone: this delivery fails, not every other one
+                _give_up(delivery, delivery.event, "the webhook's secret cannot be opened")
+                continue
+            work.append((delivery.id, delivery.event, webhook.url, secret))
     results = await asyncio.gather(*(_post(post, event, url, secret) for _, event, url, secret in work))
     if work:
         async with ctx.database.transaction() as repo:
@@ -306,6 +314,14 @@ def _record(ctx: Context, delivery: EventDelivery, event: Event, status: int | N
     metrics.event_deliveries.labels("retried").inc()
 
 
+def _give_up(delivery: EventDelivery, event: Event, why: str, *, keep_error: bool = False) -> None:
+    delivery.status, delivery.next_attempt_at = "failed", None
+    if not keep_error:
+        delivery.last_error = why
+    metrics.event_deliveries.labels("failed").inc()
+    logger.warning("event %s (%s) undelivered: %s", event.id, event.type, why)
+
+
 # noticing
 
 
@@ -319,19 +335,49 @@ class ScanReport:
     retired_keys: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class _Noticed:
+    """An event the scan found due, not yet written."""
+
+    project_id: str
+    type: str
+    data: dict[str, Any]
+    once_key: str
+
+
 async def scan(ctx: Context) -> ScanReport:
     """Notice what no request announces: budget thresholds crossed, keys older than their project's policy, tokens
-    about to expire, keys whose overlap ended (removed, audited). Each becomes an event once, whoever noticed."""
+    about to expire, keys whose overlap ended (removed, audited). Each becomes an event once, whoever noticed.
+
+    It reads in a read-only transaction; only what is new is written, each event in a short transaction of its own
+    (so that a scan never holds SQLite's writer while it sums the request log)."""
     now = ctx.clock()
-    async with ctx.database.transaction() as repo:
-        thresholds = await _thresholds_crossed(ctx, repo, now)
-        aged = await _keys_come_of_age(ctx, repo, now)
-        expiring = await _tokens_expiring(ctx, repo, now)
-    return ScanReport(thresholds, aged, expiring, await _retire_keys(ctx, now))
+    async with ctx.database.transaction(write=False) as repo:
+        noticed = [
+            *await _thresholds_crossed(repo, now),
+            *await _keys_come_of_age(repo, now),
+            *await _tokens_expiring(repo, now),
+        ]
+        written = await repo.existing_once_keys([each.once_key for each in noticed])
+    raised: dict[str, int] = {}
+    for each in noticed:
+        if each.once_key in written:
+            continue
+        async with ctx.database.transaction() as repo:
+            event = await emit(
+                ctx, repo, project_id=each.project_id, type=each.type, data=each.data, once_key=each.once_key
+            )
+        raised[each.type] = raised.get(each.type, 0) + (event is not None)
+    return ScanReport(
+        thresholds=raised.get("budget.threshold", 0),
+        aged_keys=raised.get("provider_key.age", 0),
+        expiring_tokens=raised.get("project_token.expiring", 0),
+        retired_keys=await _retire_keys(ctx, now),
+    )
 
 
-async def _thresholds_crossed(ctx: Context, repo: Repository, now: datetime) -> int:
-    raised = 0
+async def _thresholds_crossed(repo: Repository, now: datetime) -> list[_Noticed]:
+    noticed = []
     for budget in await repo.list_all_budgets():
         start = rule_of(budget).window(now)[0]
         spent = await repo.spent(budget.project_id, metric=budget.metric, provider=budget.provider, since=start)
@@ -350,18 +396,17 @@ async def _thresholds_crossed(ctx: Context, repo: Repository, now: datetime) -> 
                 "unit": "micro-dollars" if budget.metric == "cost" else budget.metric,
             }
             # Once per period, threshold and limit: a raised limit can be crossed again.
-            once = f"budget.threshold:{budget.id}:{start:%Y-%m-%d}:{percent}:{budget.amount}"
-            raised += await _emitted(ctx, repo, budget.project_id, "budget.threshold", data, once)
-    return raised
+            once = f"budget.threshold:{budget.id}:{budget.period}:{start:%Y-%m-%d}:{percent}:{budget.amount}"
+            noticed.append(_Noticed(budget.project_id, "budget.threshold", data, once))
+    return noticed
 
 
-async def _keys_come_of_age(ctx: Context, repo: Repository, now: datetime) -> int:
-    raised = over_age = 0
+async def _keys_come_of_age(repo: Repository, now: datetime) -> list[_Noticed]:
+    noticed = []
     for key, integration, policy_days in await repo.keys_under_age_policy():
         age = now - key.secret_since
         if age < timedelta(days=policy_days):
             continue
-        over_age += 1
         data = {
             "provider": integration.provider,
             "key_id": key.id,
@@ -372,50 +417,54 @@ async def _keys_come_of_age(ctx: Context, repo: Repository, now: datetime) -> in
             "policy_days": policy_days,
         }
         once = f"provider_key.age:{key.id}:{key.secret_since.isoformat()}:{policy_days}"  # a new secret is young
-        raised += await _emitted(ctx, repo, integration.project_id, "provider_key.age", data, once)
-    metrics.keys_over_age.set(over_age)
-    return raised
+        noticed.append(_Noticed(integration.project_id, "provider_key.age", data, once))
+    metrics.keys_over_age.set(len(noticed))
+    return noticed
 
 
-async def _tokens_expiring(ctx: Context, repo: Repository, now: datetime) -> int:
-    raised = 0
+async def _tokens_expiring(repo: Repository, now: datetime) -> list[_Noticed]:
+    noticed = []
     for token in await repo.tokens_expiring(after=now, before=now + TOKEN_EXPIRY_NOTICE):
         expires_at = token.expires_at.isoformat() if token.expires_at else None
         data = {"token_prefix": token.prefix, "expires_at": expires_at}
-        once = f"project_token.expiring:{token.id}"
-        raised += await _emitted(ctx, repo, token.project_id, "project_token.expiring", data, once)
-    return raised
+        noticed.append(_Noticed(token.project_id, "project_token.expiring", data, f"project_token.expiring:{token.id}"))
+    return noticed
 
 
-async def _emitted(ctx: Context, repo: Repository, project_id: str, type: str, data: dict[str, Any], once: str) -> int:
-    """1 when the event was written now, 0 when it had been already."""
-    return int(await emit(ctx, repo, project_id=project_id, type=type, data=data, once_key=once) is not None)
+class _NotDue(Exception):
+    """The key was retired elsewhere meanwhile, or must not be: the change is abandoned (nothing audited)."""
 
 
 async def _retire_keys(ctx: Context, now: datetime) -> int:
-    """Remove the keys whose overlap has ended, each in a change of its own (audited, announced to the fleet)."""
+    """Remove the keys whose overlap has ended, each in a change of its own (audited, announced to the fleet).
+    A key is kept, and tried again next scan, while it is the pool's only key in service."""
     async with ctx.database.transaction(write=False) as repo:
-        due = [
-            (key.id, key.integration.project_id, key.integration.provider) for key in await repo.keys_to_retire(now=now)
-        ]
+        found = await repo.keys_to_retire(now=now)
+        due = [(key.id, key.integration.project_id, key.integration.provider) for key in found]
     retired = 0
     for key_id, project_id, provider in due:
-        action = {
-            "actor": RETIREMENT_ACTOR,
-            "action": "provider_key.retire",
-            "project_id": project_id,
-            "provider": provider,
-        }
-        async with ctx.change(**action) as repo:
-            integration = await repo.get_integration(project_id, provider)
-            key = next((each for each in integration.keys if each.id == key_id), None) if integration else None
-            if integration is None or key is None or key.retire_at is None or key.retire_at > now:
-                continue  # retired elsewhere, or the admin changed their mind
-            integration.keys.remove(key)
-            data = {"provider": provider, "key_id": key.id, "label": key.label, "hint": key.hint}
-            retired += await _emitted(
-                ctx, repo, project_id, "provider_key.retired", data, f"provider_key.retired:{key.id}"
-            )
+        try:
+            async with ctx.change(
+                actor=RETIREMENT_ACTOR, action="provider_key.retire", project_id=project_id, provider=provider
+            ) as repo:
+                integration = await repo.get_integration(project_id, provider)
+                key = next((each for each in integration.keys if each.id == key_id), None) if integration else None
+                if integration is None or key is None or key.retire_at is None or key.retire_at > now:
+                    raise _NotDue
+                others_in_service = [
+                    each
+                    for each in integration.keys
+                    if each is not key and each.ciphertext is not None and not each.disabled and each.failed_at is None
+                ]
+                if not others_in_service:
+                    raise _NotDue
+                integration.keys.remove(key)
+                data = {"provider": provider, "key_id": key.id, "label": key.label, "hint": key.hint}
+                once = f"provider_key.retired:{key.id}"
+                await emit(ctx, repo, project_id=project_id, type="provider_key.retired", data=data, once_key=once)
+        except _NotDue:
+            continue
+        retired += 1
     return retired
 
 
@@ -430,8 +479,8 @@ class EventDispatcher:
         self._scan_interval = scan_interval
         self._outage = Outage(
             logger,
-            down="events are not being delivered: %s (tried again every second)",
-            back="events are being delivered again",
+            down="the event dispatcher's work failed (%s): events wait until it succeeds (tried every second)",
+            back="the event dispatcher works again",
         )
 
     async def run(self) -> None:

@@ -115,6 +115,8 @@ async def take_key_out_of_service(ctx: Context, *, project_id: str, provider: st
         key = find_key(integration, key_id)
         in_service = [each for each in integration.keys if key_state(each) == "active"]
         if key_state(key) == "active" and len(in_service) > 1:
+            # Workers refusing the key at once each get here: the event is written once, for this secret.
+            once = f"provider_key.out_of_service:{key.id}:{key.secret_since.isoformat()}:{key.updated_at.isoformat()}"
             key.failed_at = ctx.clock()
             key.failure = failure[:200]
             data = {
@@ -124,7 +126,7 @@ async def take_key_out_of_service(ctx: Context, *, project_id: str, provider: st
                 "hint": key.hint,
                 "failure": key.failure,
             }
-            await emit(ctx, repo, project_id=project_id, type="provider_key.out_of_service", data=data)
+            await emit(ctx, repo, project_id=project_id, type="provider_key.out_of_service", data=data, once_key=once)
 
 
 async def promote_key(

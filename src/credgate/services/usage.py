@@ -60,6 +60,7 @@ class ProxiedRequest:
     on_tokens: Callable[[int | None, int | None], None] | None = None
     prices: tuple[Price, ...] = ()  # the integration's price list, for the response's cost
     budgets: tuple[BudgetRule, ...] = ()  # the budgets that admitted it: settled from its usage
+    admitted: bool = False  # it passed every check: sent (or about to be sent) upstream
 
     def start_response(self, status: int, content_type: str, content_encoding: str) -> None:
         self.status = status
@@ -97,8 +98,17 @@ class Usage(NamedTuple):
 
 
 def _model_of(document: dict[str, object]) -> str | None:
+    """The model a response names, when it is a name: printable text (no NUL or lone surrogate, which a database
+    refuses), cut to 200 characters."""
     model = document.get("model")
-    return model[:200] if isinstance(model, str) and model else None
+    if not isinstance(model, str) or not model or not model.isprintable():  # a lone surrogate is not printable
+        return None
+    return model[:200]
+
+
+def _count(value: object) -> int | None:
+    """A token count as reported, when it is one (a whole number, not negative)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 def _usage_of(document: object) -> Usage:
@@ -114,9 +124,7 @@ def _usage_of(document: object) -> Usage:
             return Usage(model=model)
     prompt = usage.get("prompt_tokens", usage.get("input_tokens"))
     completion = usage.get("completion_tokens", usage.get("output_tokens"))
-    return Usage(
-        prompt if isinstance(prompt, int) else None, completion if isinstance(completion, int) else None, model
-    )
+    return Usage(_count(prompt), _count(completion), model)
 
 
 def _inflate(body: bytes, encoding: str) -> bytes:
@@ -132,9 +140,8 @@ def _inflate(body: bytes, encoding: str) -> bytes:
 def _usage_at_end(head: bytes, tail: bytes) -> Usage:
     """The `usage` object near the end of a JSON body too long to keep whole (embeddings, say); the model from
     near its start."""
-    model = None
-    if (found := _MODEL_NEAR_START.search(head[:4096])) is not None:
-        model = found.group(1).decode("utf-8", "replace")[:200]
+    found = _MODEL_NEAR_START.search(head[:4096])
+    model = _model_of({"model": found.group(1).decode("utf-8", "replace")}) if found else None
     start = tail.rfind(b'"usage"')
     colon = tail.find(b":", start)
     if start < 0 or colon < 0:
@@ -206,6 +213,7 @@ def _record_of(request: ProxiedRequest) -> dict[str, Any]:
         completion_tokens=completion,
         model=model,
         cost_micros=cost,
+        admitted=request.admitted,
     )
 
 

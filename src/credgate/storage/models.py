@@ -278,6 +278,8 @@ class RequestRecord(Base):
     completion_tokens: Mapped[int | None]
     model: Mapped[str | None] = mapped_column(String(200))  # as the response's usage named it
     cost_micros: Mapped[int | None] = mapped_column(BigInteger)  # priced by the integration's list, in µUSD
+    # Passed every check of the gateway's (token, allow-list, rate limit, budgets): what a requests budget counts.
+    admitted: Mapped[bool | None]
 
 
 class AdminSession(Base):

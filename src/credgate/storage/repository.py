@@ -8,7 +8,7 @@ from typing import Any, cast
 from sqlalchemy import Table, case, delete, func, insert, literal, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
-from sqlalchemy.orm import joinedload, raiseload, selectinload
+from sqlalchemy.orm import aliased, joinedload, raiseload, selectinload
 
 from credgate.storage.models import (
     AdminSession,
@@ -251,8 +251,8 @@ class Repository:
         ]
 
     async def spent(self, project_id: str, *, metric: str, provider: str | None, since: datetime) -> int:
-        """What the request log says a project spent since `since`: requests (those a budget admitted), tokens or
-        cost (micro-dollars), of one provider or all."""
+        """What the request log says a project spent since `since`: requests (those that passed every check),
+        tokens or cost (micro-dollars), of one provider or all."""
         measure: Any = {
             "requests": func.count(),
             "tokens": func.sum(
@@ -262,7 +262,7 @@ class Repository:
         }[metric]
         statement = select(measure).where(RequestRecord.project_id == project_id, RequestRecord.at >= since)
         if metric == "requests":
-            statement = statement.where(RequestRecord.status != 402)
+            statement = statement.where(RequestRecord.admitted.is_(True))
         if provider is not None:
             statement = statement.where(RequestRecord.provider == provider)
         return int((await self._session.execute(statement)).scalar_one() or 0)
@@ -292,6 +292,7 @@ class Repository:
             .join(Integration, Integration.id == ProviderKey.integration_id)
             .join(Project, Project.id == Integration.project_id)
             .where(Project.key_max_age_days.is_not(None), ProviderKey.ciphertext.is_not(None))
+            .order_by(ProviderKey.id)
             .options(raiseload(Integration.keys))
         )
         return [(row[0], row[1], int(row[2] or 0)) for row in (await self._session.execute(statement)).all()]
@@ -305,7 +306,18 @@ class Repository:
         return (await self._session.scalars(statement)).all()
 
     async def tokens_expiring(self, *, after: datetime, before: datetime) -> Sequence[ProjectToken]:
-        statement = select(ProjectToken).where(ProjectToken.expires_at > after, ProjectToken.expires_at <= before)
+        """Projects' current tokens (their newest: older ones are in a rotation's grace) expiring in the window."""
+        newer = aliased(ProjectToken)
+        statement = (
+            select(ProjectToken)
+            .where(ProjectToken.expires_at > after, ProjectToken.expires_at <= before)
+            .where(
+                ~select(newer.id)
+                .where(newer.project_id == ProjectToken.project_id, newer.created_at > ProjectToken.created_at)
+                .exists()
+            )
+            .order_by(ProjectToken.id)
+        )
         return (await self._session.scalars(statement)).all()
 
     # events and webhooks
@@ -321,6 +333,13 @@ class Repository:
     async def webhooks_not_under(self, master_key_id: str, *, limit: int) -> Sequence[Webhook]:
         statement = select(Webhook).where(Webhook.master_key_id != master_key_id).limit(limit)
         return (await self._session.scalars(statement)).all()
+
+    async def existing_once_keys(self, once_keys: Sequence[str]) -> set[str]:
+        """Which of these events have been written already."""
+        if not once_keys:
+            return set()
+        statement = select(Event.once_key).where(Event.once_key.in_(once_keys))
+        return {str(key) for key in (await self._session.scalars(statement)).all()}
 
     async def add_event_once(self, event: Event) -> bool:
         """Insert `event` unless one with its `once_key` exists (whoever else noticed it first); True when

@@ -35,14 +35,16 @@ def upgrade() -> None:
         batch_op.add_column(sa.Column("prices", sa.JSON(), server_default=sa.text("'[]'"), nullable=False))
     with op.batch_alter_table("integrations", schema=None) as batch_op:
         batch_op.alter_column("prices", server_default=None)
-    # Null for the requests recorded before: their cost was never known.
+    # Null for the requests recorded before: their cost was never known, nor whether they passed every check.
     with op.batch_alter_table("request_records", schema=None) as batch_op:
         batch_op.add_column(sa.Column("model", sa.String(length=200), nullable=True))
         batch_op.add_column(sa.Column("cost_micros", sa.BigInteger(), nullable=True))
+        batch_op.add_column(sa.Column("admitted", sa.Boolean(), nullable=True))
 
 
 def downgrade() -> None:
     with op.batch_alter_table("request_records", schema=None) as batch_op:
+        batch_op.drop_column("admitted")
         batch_op.drop_column("cost_micros")
         batch_op.drop_column("model")
     with op.batch_alter_table("integrations", schema=None) as batch_op:
