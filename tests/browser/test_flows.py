@@ -1,5 +1,7 @@
 """The specification's panel flows in a real browser, each followed by a real proxied call."""
 
+import hashlib
+import hmac
 import re
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -11,7 +13,7 @@ from playwright.async_api import Page, expect
 from tests.browser.conftest import PASSWORD, screenshot, seen, sign_in
 from tests.e2e.conftest import RunningGateway
 from tests.secret_sweep import SWEEP
-from tests.upstream import KeyJudge, Upstream, run_key_judge
+from tests.upstream import KeyJudge, Upstream, run_key_judge, run_webhook_receiver
 
 CHAT = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}
 KEY = "sk-test-panel-first-key-0000abcd"
@@ -192,9 +194,11 @@ async def judge() -> AsyncIterator[KeyJudge]:
         yield running
 
 
-async def test_a_second_key_takes_over_when_the_provider_refuses_the_first_and_the_pool_page_says_so(
+async def test_a_second_key_takes_over_when_the_provider_refuses_the_first_then_rotation_budgets_and_webhooks(
     gateway: RunningGateway, page: Page, judge: KeyJudge
 ) -> None:
+    """The pool page through a refusal; then, in the same panel, the backup promoted with an overlap, a budget
+    that ends in 402, and a webhook whose secret is shown once and whose test event arrives signed."""
     await sign_in(page, gateway)
     project_url, token = await create_project(page, gateway)
     project_id = project_url.rstrip("/").rsplit("/", 1)[1]
@@ -222,5 +226,44 @@ async def test_a_second_key_takes_over_when_the_provider_refuses_the_first_and_t
     del judge.answers[KEY]  # reopened: the admin puts the key back
     await rows.first.get_by_role("button", name="Enable").click()
     await expect(rows.first).to_contain_text("active")
+    assert KEY not in await seen(page)
+    assert CUSTOM_KEY not in await seen(page)
+
+    # Rotation: the backup promoted, the first key kept for an hour, then removed.
+    await rows.nth(1).get_by_label("Keep the first key for").select_option("3600")
+    await rows.nth(1).get_by_role("button", name="Promote").click()
+    await expect(page.get_by_role("status")).to_contain_text("the previous first key is removed after 1 hour")
+    await expect(rows.first).to_contain_text("backup account")
+    await expect(rows.nth(1)).to_contain_text("removed at")
+    assert (await proxied(gateway, token, "pool/v1/chat/completions")).status_code == 200
+    assert judge.keys_called()[-1] == CUSTOM_KEY
+
+    # A budget of one more request a day.
+    await page.goto(project_url)
+    await page.get_by_role("link", name="Budgets").click()
+    await page.get_by_role("textbox", name=re.compile("^Limit")).fill("3")
+    await page.get_by_label("Per", exact=True).select_option("day")
+    await page.get_by_role("button", name="Add budget").click()
+    await expect(page.locator("table.budgets tbody tr")).to_contain_text("Requests a day")
+    statuses = [(await proxied(gateway, token, "pool/v1/chat/completions")).status_code for _ in range(2)]
+    assert statuses == [200, 402]  # the two calls above counted too: started from the request log
+
+    # A webhook: its secret shown once, its test event posted, signed, within seconds.
+    async with run_webhook_receiver() as receiver:
+        await page.goto(project_url)
+        await page.get_by_role("link", name="Webhooks").click()
+        await page.get_by_label("URL").fill(receiver.url)
+        await page.get_by_role("button", name="Add webhook").click()
+        secret = (await page.locator("#new-secret").inner_text()).strip()
+        SWEEP.register(secret)
+        assert secret.startswith("whsec_")
+        await page.get_by_role("button", name="Send test").click()
+        await receiver.wait_for(1)
+        headers, body = receiver.received[0]
+        stamp, digest = (part.split("=", 1)[1] for part in headers["Credgate-Signature"].split(","))
+        assert hmac.new(secret.encode(), f"{stamp}.".encode() + body, hashlib.sha256).hexdigest() == digest
+        await page.reload()
+        await expect(page.locator("table.deliveries")).to_contain_text("delivered")
+        assert secret not in await seen(page)
     assert KEY not in await seen(page)
     assert CUSTOM_KEY not in await seen(page)
