@@ -48,7 +48,7 @@ class Settings(BaseSettings):
     # How often each process looks for events no request announces: budget thresholds, key ages, token expiry.
     event_scan_seconds: float = Field(default=15.0, gt=0, le=3600)
     # How long the request log keeps a proxied request (bodies are never kept).
-    request_log_days: int = Field(default=30, ge=1)
+    request_log_days: int = Field(default=31, ge=1)  # a month at least: budgets start from it
 
     @model_validator(mode="after")
     def _admin_listener_has_a_port(self) -> "Settings":
