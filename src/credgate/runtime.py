@@ -93,6 +93,9 @@ class Runtime:
         # Notices at once, through Redis, else PostgreSQL's LISTEN; the polling above stays the safety net.
         if ctx.fleet is not None:
             tasks.append(asyncio.create_task(ctx.fleet.follow_changes(ctx.access.invalidate)))
+            # Keys a provider told to wait rest in every process, not only in the one that was told.
+            proxy.key_pools.announce = ctx.fleet.publish_rest
+            tasks.append(asyncio.create_task(ctx.fleet.follow_resting(proxy.key_pools.rested_elsewhere)))
         elif ctx.database.can_notify:
             tasks.append(asyncio.create_task(follow_notices(ctx)))
         try:

@@ -34,6 +34,7 @@ class Fleet:
         self.redis = redis
         self.namespace = namespace
         self.changes_channel = f"{namespace}:changes"
+        self.resting_channel = f"{namespace}:resting"  # keys a provider told to wait (429, 402), for every process
         self._publishing = Outage(
             logger,
             down="could not publish a change through Redis (%s): other instances find it by polling",
@@ -48,15 +49,18 @@ class Fleet:
     async def publish_change(self, marker: str) -> None:
         """Tell every instance that configuration changed. Never raises, and waits at most ANSWER_TIMEOUT_SECONDS
         (not at all for a second after a failure): instances still find the change by polling the database."""
-        if not self._publishing.may_try():
+        await self._publish(self.changes_channel, marker, self._publishing)
+
+    async def _publish(self, channel: str, message: str, outage: Outage) -> None:
+        if not outage.may_try():
             return
         try:
             async with asyncio.timeout(ANSWER_TIMEOUT_SECONDS):
-                await self.redis.publish(self.changes_channel, marker)
+                await self.redis.publish(channel, message)
         except Exception as error:
-            self._publishing.failed(error)
+            outage.failed(error)
         else:
-            self._publishing.answered()
+            outage.answered()
 
     async def follow_changes(self, on_change: Callable[[str | None], None]) -> None:
         """Call `on_change` with the change marker of every change notice, until cancelled; with None once at every
@@ -70,15 +74,50 @@ class Fleet:
             retry_seconds=RETRY_SECONDS,
             report=metrics.dependency_up.labels("redis").set,  # its subscription pings Redis every second
         )
+        await self._follow(self.changes_channel, on_change, outage, subscribed=lambda: on_change(None))
+
+    async def publish_rest(self, key_id: str, until: float) -> None:
+        """Tell every process that a provider has a key wait until `until` (a Unix time). Never raises."""
+        await self._publish(self.resting_channel, f"{key_id} {until:.3f}", self._publishing)
+
+    async def follow_resting(self, on_rest: Callable[[str, float], None]) -> None:
+        """Call `on_rest(key id, until as a Unix time)` for every key another process was told to rest, until
+        cancelled. A notice lost while not listening costs that process one request to the key, as without Redis."""
+        outage = Outage(
+            logger,
+            down="lost the resting keys' notices from Redis (%s): each process learns of them alone until it answers",
+            back="Redis answers again: resting keys are shared again",
+            retry_seconds=RETRY_SECONDS,
+        )
+
+        def heard(message: str | None) -> None:
+            key_id, _, until = (message or "").partition(" ")
+            try:
+                when = float(until)
+            except ValueError:
+                return  # not a notice of ours
+            on_rest(key_id, when)
+
+        await self._follow(self.resting_channel, heard, outage)
+
+    async def _follow(
+        self,
+        channel: str,
+        on_message: Callable[[str | None], None],
+        outage: Outage,
+        *,
+        subscribed: Callable[[], None] | None = None,
+    ) -> None:
         while True:
             try:
                 async with self.redis.pubsub() as pubsub:
-                    await pubsub.subscribe(self.changes_channel)
+                    await pubsub.subscribe(channel)
                     while (confirmed := await pubsub.get_message(timeout=_LISTEN_SECONDS)) is None:
                         pass
                     if confirmed["type"] != "subscribe":
                         raise ConnectionError("the subscription was not confirmed")
-                    on_change(None)
+                    if subscribed is not None:
+                        subscribed()
                     outage.answered()
                     pinged = False
                     while True:
@@ -91,7 +130,7 @@ class Fleet:
                         elif message["type"] == "pong":
                             pinged = False
                         elif message["type"] == "message":
-                            on_change(message["data"].decode("ascii", "replace"))
+                            on_message(message["data"].decode("ascii", "replace"))
             except Exception as error:
                 outage.failed(error)
                 await asyncio.sleep(RETRY_SECONDS)

@@ -3,7 +3,8 @@ does to a key. Failover happens only before any byte reached the client (the rel
 
 - A key the provider refuses (401, 403) is taken out of service: at once in this process, and in the database
   (audited), so that every worker and instance stops using it once the change reaches it, until an admin acts.
-- A key the provider has wait (429, 402) cools down in this process for its `Retry-After` (or 30 s).
+- A key the provider has wait (429, 402) cools down for its `Retry-After` (or 30 s): in this process at once, and
+  in every other that shares the fleet's Redis once the notice reaches it.
 - A connection failure is not a key's fault: it is the upstream's, and answered as such (502, 504).
 """
 
@@ -27,20 +28,25 @@ _MAX_REMEMBERED = 10_000
 
 TakeOut = Callable[[str, str, str, str], Awaitable[None]]
 """(project id, provider, key id, failure): record that the provider refused the key."""
+Announce = Callable[[str, float], Awaitable[None]]
+"""(key id, until as a Unix time): tell the other processes that the key rests."""
 
 
 class KeyPools:
     """This process's view of the pools: whose turn it is (spread), and which keys rest."""
 
-    def __init__(self, take_out: TakeOut, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, take_out: TakeOut, *, announce: Announce | None = None, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._take_out = take_out
+        self.announce = announce
         self._clock = clock
         self._turns: dict[tuple[str, str], int] = {}
         self._resting: dict[str, float] = {}  # key id → when it may be tried again (429, 402)
         # key id → the integration, as cached, whose key it was when refused: skipped until the cache holds a
         # newer one (the change that takes the key out, or an admin's that puts it back).
         self._refused: dict[str, ResolvedIntegration] = {}
-        self._recording: set[asyncio.Task[None]] = set()
+        self._background: set[asyncio.Task[None]] = set()
 
     def attempts(self, project_id: str, integration: ResolvedIntegration) -> list[PoolKey]:
         """The keys a request tries, in order: those not resting; with "spread", starting at the next turn."""
@@ -88,15 +94,27 @@ class KeyPools:
             self._refused[key.id] = integration
             metrics.key_failovers.labels(integration.provider, "refused").inc()
             failure = f"refused by the provider ({status})"
-            recording = asyncio.ensure_future(self._record(project_id, integration.provider, key.id, failure))
-            self._recording.add(recording)
-            recording.add_done_callback(self._recording.discard)
+            self._in_background(self._record(project_id, integration.provider, key.id, failure))
             return True
         if status in (402, 429):
-            self._rest(key.id, self._clock() + cool_seconds(response.headers.get("Retry-After")))
+            seconds = cool_seconds(response.headers.get("Retry-After"))
+            self._rest(key.id, self._clock() + seconds)
             metrics.key_failovers.labels(integration.provider, "cooling").inc()
+            if self.announce is not None:
+                self._in_background(self.announce(key.id, time.time() + seconds))
             return True
         return False
+
+    def rested_elsewhere(self, key_id: str, until: float) -> None:
+        """Another process was told that the key rests until `until` (a Unix time): it rests here too."""
+        seconds = min(until - time.time(), MAX_COOL_SECONDS)
+        if seconds > 0:
+            self._rest(key_id, max(self._resting.get(key_id, 0.0), self._clock() + seconds))
+
+    def _in_background(self, work: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     def _rest(self, key_id: str, until: float) -> None:
         if len(self._resting) >= _MAX_REMEMBERED:
