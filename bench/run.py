@@ -318,9 +318,9 @@ def render(
     if (BUDGETED, 64) in rows:
         budget_cost = 1 - rps(BUDGETED) / rps(one)
         lines.append(
-            "- three budgets (requests, tokens, cost) counted in Redis (one script call a request to admit, the "
-            f"settlements batched) cost {budget_cost:.0%} of one worker's throughput at 64 connections and add "
-            f"{p50(BUDGETED) - p50(one):.2f} ms at p50 at 1 connection"
+            "- three budgets (requests, tokens, cost) counted in Redis (one script call for the admissions of each "
+            f"event-loop turn, the settlements batched) cost {budget_cost:.0%} of one worker's throughput at 64 "
+            f"connections and add {p50(BUDGETED) - p50(one):.2f} ms at p50 at 1 connection"
         )
     if soak:
         lines.append(f"- soak, RSS every 10 s under load (MB): {', '.join(f'{value:.0f}' for value in soak)}")
