@@ -3,7 +3,6 @@ process (started again from the request log) while Redis is away."""
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -13,7 +12,7 @@ from credgate.fleet import Fleet, open_fleet
 from credgate.fleet.budgets import LocalBudgets, SharedBudgets
 from credgate.fleet.fleet import RETRY_SECONDS
 from credgate.spending import BudgetRule
-from tests.redis_server import private_redis, shared_redis_url, unique_namespace
+from tests.redis_server import private_redis, unique_namespace
 
 AT = datetime(2026, 11, 26, 12, 0, tzinfo=UTC)
 REQUESTS = BudgetRule(id="bud_requests", metric="requests", period="day", amount=50)
@@ -31,19 +30,6 @@ class RequestLog:
         self.asked.append((rule.id, since))
         await asyncio.sleep(0.01)  # a query: requests arriving meanwhile must wait for it, not ask again
         return self.spent.get(rule.id, 0)
-
-
-@pytest.fixture
-async def fleets() -> AsyncIterator[list[Fleet]]:
-    """Three processes' connections to the machine's Redis, sharing one fresh namespace."""
-    url, namespace = shared_redis_url(), unique_namespace()
-    opened = [open_fleet(url, namespace=namespace) for _ in range(3)]
-    yield opened
-    keys = [key async for key in opened[0].redis.scan_iter(match=f"{namespace}:*")]
-    if keys:
-        await opened[0].redis.delete(*keys)
-    for fleet in opened:
-        await fleet.close()
 
 
 def shared(fleets: list[Fleet], log: RequestLog) -> list[SharedBudgets]:

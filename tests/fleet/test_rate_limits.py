@@ -13,19 +13,6 @@ from tests.redis_server import PrivateRedis, private_redis, shared_redis_url, un
 
 
 @pytest.fixture
-async def fleets() -> AsyncIterator[list[Fleet]]:
-    """Three processes' connections to the machine's Redis, sharing one fresh namespace."""
-    url, namespace = shared_redis_url(), unique_namespace()
-    opened = [open_fleet(url, namespace=namespace) for _ in range(3)]
-    yield opened
-    keys = [key async for key in opened[0].redis.scan_iter(match=f"{namespace}:*")]
-    if keys:
-        await opened[0].redis.delete(*keys)
-    for fleet in opened:
-        await fleet.close()
-
-
-@pytest.fixture
 def redis(tmp_path: Path) -> Iterator[PrivateRedis]:
     with private_redis(tmp_path) as server:
         yield server
