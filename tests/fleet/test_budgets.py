@@ -110,3 +110,26 @@ async def test_without_redis_budgets_count_per_process_from_the_request_log_and_
             assert "budgets are shared again" in caplog.text
         finally:
             await fleet.close()
+
+
+async def test_what_a_process_counted_alone_while_redis_hung_is_added_to_the_shared_count_when_it_answers(
+    tmp_path: Path,
+) -> None:
+    log = RequestLog(bud_requests=47)  # the request log, behind: it does not hold the requests in Redis yet
+    with private_redis(tmp_path) as redis:
+        fleet = open_fleet(redis.url, namespace=unique_namespace())
+        counters = SharedBudgets(fleet, LocalBudgets(log), log)
+        try:
+            assert await counters.admit("p1", [REQUESTS], AT) is None  # 48, in Redis
+            redis.pause()  # hung, its counter kept
+            assert await counters.admit("p1", [REQUESTS], AT) is None  # counted here: 48 by the log
+            assert await counters.admit("p1", [REQUESTS], AT) is None  # 49 here
+            redis.resume()
+            await asyncio.sleep(RETRY_SECONDS + 0.1)
+            # Redis held 48, and counted the admission whose answer the timeout lost when it woke (49); the two
+            # counted here are added on its return: 51, spent. A lost answer overcounts; nothing undercounts.
+            assert await counters.admit("p1", [REQUESTS], AT) is REQUESTS
+            assert await fleet.redis.get(fleet.key("budget", REQUESTS.counter(AT))) == b"51"
+        finally:
+            redis.resume()
+            await fleet.close()

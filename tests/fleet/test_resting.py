@@ -23,7 +23,7 @@ POOL = ResolvedIntegration(
     timeout_seconds=10,
     stream_idle_timeout_seconds=10,
     credential=Secret("sk-first"),
-    keys=(PoolKey("key_first", Secret("sk-first")), PoolKey("key_second", Secret("sk-second"))),
+    keys=(PoolKey("key_aaaa", Secret("sk-first")), PoolKey("key_bbbb", Secret("sk-second"))),
 )
 
 
@@ -54,14 +54,19 @@ async def test_a_key_told_to_wait_rests_in_every_process_of_the_fleet_and_in_no_
         first = POOL.keys[0]
         assert told.passes_over("p", POOL, first, Answer(429, {"Retry-After": "120"}), last=False)  # type: ignore[arg-type]
         sent = time.perf_counter()
-        while [key.id for key in elsewhere.attempts("p", POOL)] != ["key_second"]:
+        while [key.id for key in elsewhere.attempts("p", POOL)] != ["key_bbbb"]:
             assert time.perf_counter() - sent < 1, "the other process never heard that the key rests"
             await asyncio.sleep(0.005)
-        assert [key.id for key in told.attempts("p", POOL)] == ["key_second"]
-        assert [key.id for key in stranger.attempts("p", POOL)] == ["key_first", "key_second"]
+        assert [key.id for key in told.attempts("p", POOL)] == ["key_bbbb"]
+        assert [key.id for key in stranger.attempts("p", POOL)] == ["key_aaaa", "key_bbbb"]
         # A notice for a rest that has already ended, or that is not ours, changes nothing.
-        elsewhere.rested_elsewhere("key_second", time.time() - 1)
-        assert [key.id for key in elsewhere.attempts("p", POOL)] == ["key_second"]
+        elsewhere.rested_elsewhere("key_bbbb", time.time() - 1)
+        for garbage in ("x" * 1000 + " 1e18", "key_bbbb", "key_bbbb soon", "key_SECOND 9e9"):
+            await fleets[0].redis.publish(fleets[0].resting_channel, garbage)
+        await fleets[0].publish_rest("key_bbbb", time.time() - 5)  # ours, but over: the follower must live on
+        await fleets[0].publish_rest("key_aaaa", time.time() + 60)
+        await asyncio.sleep(0.3)
+        assert [key.id for key in elsewhere.attempts("p", POOL)] == ["key_bbbb"]
     finally:
         for task in followers:
             task.cancel()

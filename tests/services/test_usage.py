@@ -114,6 +114,7 @@ def test_capture_only_counts_a_body_whose_usage_is_not_read() -> None:
         (b'{"model": "a\\u0000b", "usage": {"prompt_tokens": 1}}', (1, None, None)),  # a NUL is no model name
         (b'{"model": "\\ud800", "usage": {"prompt_tokens": 1}}', (1, None, None)),  # nor a lone surrogate
         (b'{"model": 42, "usage": {"prompt_tokens": -5, "completion_tokens": true}}', (None, None, None)),
+        (b'{"usage": {"prompt_tokens": 2147483648, "completion_tokens": 1' + b"0" * 400 + b"}}", (None, None, None)),
         (b'{"model": "' + b"m" * 300 + b'"}', (None, None, "m" * 200)),
     ],
 )

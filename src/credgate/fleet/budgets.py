@@ -79,6 +79,7 @@ class LocalBudgets:
     def __init__(self, seed: Seed) -> None:
         self._seed = seed
         self._used: dict[str, int] = {}
+        self._started: dict[str, int] = {}  # what each counter started from (the request log's sum)
         self._seeding: dict[str, asyncio.Future[int]] = {}
 
     async def admit(self, project_id: str, rules: Sequence[BudgetRule], at: datetime) -> BudgetRule | None:
@@ -94,11 +95,14 @@ class LocalBudgets:
             self._used[name] = self._used.get(name, 0) + _admitted(rule)
         return None
 
-    def forget(self) -> list[str]:
-        """Drop every counter (each is seeded again from the request log when next used); their names."""
-        names = list(self._used)
+    def counted(self) -> dict[str, int]:
+        """What each counter counted in this process since it started from the request log."""
+        return {name: used - self._started.get(name, used) for name, used in self._used.items()}
+
+    def forget(self) -> None:
+        """Drop every counter: each starts again from the request log when next used."""
         self._used.clear()
-        return names
+        self._started.clear()
 
     def settle(self, charges: Sequence[Charge]) -> None:
         for rule, at, amount in charges:
@@ -110,8 +114,8 @@ class LocalBudgets:
         spent = await _once(self._seeding, name, lambda: self._seed(project_id, rule, rule.window(at)[0]))
         if name not in self._used:
             if len(self._used) >= _MAX_LOCAL_COUNTERS:
-                self._used.clear()  # they are seeded again from the request log
-            self._used[name] = spent
+                self.forget()  # they start again from the request log
+            self._used[name] = self._started[name] = spent
 
 
 async def _once(loading: dict[str, asyncio.Future[T]], name: str, make: Callable[[], Awaitable[T]]) -> T:
@@ -163,7 +167,7 @@ class SharedBudgets:
                 return rules[answer - 1]
             rule, key = rules[-answer - 1], keys[-answer - 1]
             await _once(self._seeding, key, functools.partial(self._seed_shared, project_id, rule, at, key))
-        raise RuntimeError("budget counters kept disappearing")
+        return await self._local.admit(project_id, rules, at)  # counters that kept going away: counted here
 
     async def _ask(self, keys: list[str], args: list[int]) -> int | None:
         """This admission's answer from the turn's call; None when Redis did not answer (or is known not to)."""
@@ -178,6 +182,9 @@ class SharedBudgets:
 
     def _send(self) -> None:
         batch, self._batch = self._batch, []
+        batch = [entry for entry in batch if not entry[2].done()]  # a request gone (its client left): not counted
+        if not batch:
+            return
         task = asyncio.ensure_future(self._ask_redis(batch))
         self._sending.add(task)
         task.add_done_callback(self._sending.discard)
@@ -185,6 +192,8 @@ class SharedBudgets:
     async def _ask_redis(self, batch: list[tuple[list[str], list[int], asyncio.Future[int | None]]]) -> None:
         answers: list[int | None] = [None] * len(batch)
         try:
+            if self._outage.failing:  # Redis is back: first what this process counted alone
+                await self._reconcile()
             async with asyncio.timeout(ANSWER_TIMEOUT_SECONDS):
                 answered = await self._admit(
                     keys=[key for keys, _, _ in batch for key in keys],
@@ -194,8 +203,6 @@ class SharedBudgets:
         except Exception as error:  # whatever the client raises: no request may fail for it
             self._failed(error)
         else:
-            if self._outage.failing:
-                await self._reconcile()
             self._outage.answered()
         finally:  # cancelled or not, every admission waiting gets its answer
             for (_, _, future), answer in zip(batch, answers, strict=False):
@@ -232,15 +239,15 @@ class SharedBudgets:
             self._failed(error)
 
     async def _reconcile(self) -> None:
-        """Redis is back: what this process counted alone is not in its counters, so the counters it used are
-        dropped, to start again from the request log (which holds every process's requests)."""
-        names = self._local.forget()
-        if names:
-            try:
-                async with asyncio.timeout(ANSWER_TIMEOUT_SECONDS):
-                    await self._fleet.redis.delete(*(self._fleet.key("budget", name) for name in names))
-            except Exception:  # Redis's counters then undercount by this process's outage: logged, not fatal
-                logger.warning("could not reset %d budget counters in Redis after an outage", len(names))
+        """Redis answers again: what this process counted alone meanwhile is added to the shared counters (those
+        that exist; one that does not starts from the request log, which holds it). Raises when Redis fails."""
+        counted = {name: amount for name, amount in self._local.counted().items() if amount > 0}
+        if counted:
+            async with asyncio.timeout(ANSWER_TIMEOUT_SECONDS):
+                await self._settle(
+                    keys=[self._fleet.key("budget", name) for name in counted], args=list(counted.values())
+                )
+        self._local.forget()  # only once added: a failure leaves them to be added at the next return
 
     def _failed(self, error: BaseException) -> None:
         if not self._outage.failing:

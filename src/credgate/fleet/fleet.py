@@ -2,6 +2,7 @@
 
 import asyncio
 import logging
+import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -22,6 +23,7 @@ ANSWER_TIMEOUT_SECONDS = 1.0
 MAX_CONNECTIONS = 32
 # After a failure, Redis is tried again at most this often: requests meanwhile use the fallback at once.
 RETRY_SECONDS = 1.0
+_KEY_ID = re.compile(r"key_[0-9a-f]{1,40}")
 # How long the change follower waits for a notice before it pings Redis to check that its subscription is alive.
 _LISTEN_SECONDS = 1.0
 
@@ -35,6 +37,12 @@ class Fleet:
         self.namespace = namespace
         self.changes_channel = f"{namespace}:changes"
         self.resting_channel = f"{namespace}:resting"  # keys a provider told to wait (429, 402), for every process
+        self._announcing = Outage(
+            logger,
+            down="could not announce a resting key through Redis (%s): other processes learn of it alone",
+            back="Redis answers again: resting keys are announced again",
+            retry_seconds=RETRY_SECONDS,
+        )
         self._publishing = Outage(
             logger,
             down="could not publish a change through Redis (%s): other instances find it by polling",
@@ -78,7 +86,7 @@ class Fleet:
 
     async def publish_rest(self, key_id: str, until: float) -> None:
         """Tell every process that a provider has a key wait until `until` (a Unix time). Never raises."""
-        await self._publish(self.resting_channel, f"{key_id} {until:.3f}", self._publishing)
+        await self._publish(self.resting_channel, f"{key_id} {until:.3f}", self._announcing)
 
     async def follow_resting(self, on_rest: Callable[[str, float], None]) -> None:
         """Call `on_rest(key id, until as a Unix time)` for every key another process was told to rest, until
@@ -92,10 +100,12 @@ class Fleet:
 
         def heard(message: str | None) -> None:
             key_id, _, until = (message or "").partition(" ")
+            if not _KEY_ID.fullmatch(key_id):
+                return  # not a notice of ours: a key id is `key_` and hex digits
             try:
                 when = float(until)
             except ValueError:
-                return  # not a notice of ours
+                return
             on_rest(key_id, when)
 
         await self._follow(self.resting_channel, heard, outage)

@@ -120,6 +120,8 @@ class KeyPools:
         if len(self._resting) >= _MAX_REMEMBERED:
             now = self._clock()
             self._resting = {key: when for key, when in self._resting.items() if when > now}
+            if len(self._resting) >= _MAX_REMEMBERED:
+                self._resting.clear()  # bounded: a key forgotten is only tried once more
         self._resting[key_id] = until
 
     async def _record(self, project_id: str, provider: str, key_id: str, failure: str) -> None:

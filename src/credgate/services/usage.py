@@ -107,8 +107,9 @@ def _model_of(document: dict[str, object]) -> str | None:
 
 
 def _count(value: object) -> int | None:
-    """A token count as reported, when it is one (a whole number, not negative)."""
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+    """A token count as reported, when it is one: a whole number, not negative, and within what a column (and a
+    counter) holds."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**31 else None
 
 
 def _usage_of(document: object) -> Usage:

@@ -335,11 +335,13 @@ class Repository:
         return (await self._session.scalars(statement)).all()
 
     async def existing_once_keys(self, once_keys: Sequence[str]) -> set[str]:
-        """Which of these events have been written already."""
-        if not once_keys:
-            return set()
-        statement = select(Event.once_key).where(Event.once_key.in_(once_keys))
-        return {str(key) for key in (await self._session.scalars(statement)).all()}
+        """Which of these events have been written already (asked a thousand at a time: a query's parameters are
+        bounded)."""
+        found: set[str] = set()
+        for start in range(0, len(once_keys), 1000):
+            statement = select(Event.once_key).where(Event.once_key.in_(once_keys[start : start + 1000]))
+            found |= {str(key) for key in (await self._session.scalars(statement)).all()}
+        return found
 
     async def add_event_once(self, event: Event) -> bool:
         """Insert `event` unless one with its `once_key` exists (whoever else noticed it first); True when
