@@ -288,6 +288,10 @@ def test_budgets_and_a_price_list_are_managed_from_the_cli(credgate: Any) -> Non
         "budgets", "add", project, "--metric", "requests", "--limit", "1000", "--period", "day", "--provider", "acme"
     )
     assert json.loads(counted.output)["limit"] == 1000
+    held = credgate(
+        "budgets", "add", project, "--metric", "tokens", "--limit", "1e6", "--period", "day", "--reserve", "4000"
+    )
+    assert (json.loads(held.output)["limit"], json.loads(held.output)["reserve"]) == (1_000_000, 4000)
     refused = credgate("budgets", "add", project, "--metric", "requests", "--limit", "2.5", "--period", "day")
     assert (refused.exit_code, "limit: must be a whole number of requests" in refused.output) == (2, True)
     assert credgate("budgets", "add", project, "--metric", "tokens", "--limit", "9", "--period", "year").exit_code == 2
@@ -295,7 +299,7 @@ def test_budgets_and_a_price_list_are_managed_from_the_cli(credgate: Any) -> Non
     updated = credgate("budgets", "update", project, budget["id"], "--limit", "30.5", "--period", "day")
     assert (json.loads(updated.output)["limit"], json.loads(updated.output)["period"]) == (30.5, "day")
     listed = json.loads(credgate("budgets", "list", project).output)["items"]
-    assert [found["metric"] for found in listed] == ["cost", "requests"]
+    assert [found["metric"] for found in listed] == ["cost", "requests", "tokens"]
     assert credgate("budgets", "remove", project, budget["id"]).exit_code == 0
     assert credgate("budgets", "remove", project, budget["id"]).exit_code == 3
     assert credgate("budgets", "update", project, "bud_missing", "--limit", "3").exit_code == 3

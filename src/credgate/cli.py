@@ -860,9 +860,16 @@ def budgets_list(settings: Settings, project_id: str) -> None:
 @click.option("--limit", type=float, required=True, help="Requests or tokens (whole), or dollars for cost.")
 @click.option("--period", type=click.Choice(PERIODS), required=True, help="A UTC calendar day or month.")
 @click.option("--provider", help="Only this provider's traffic (default: every provider).")
+@click.option("--reserve", type=float, help="Tokens or cost budgets: held per request until its usage is known.")
 @pass_settings
 def budgets_add(
-    settings: Settings, project_id: str, metric: str, limit: float, period: str, provider: str | None
+    settings: Settings,
+    project_id: str,
+    metric: str,
+    limit: float,
+    period: str,
+    provider: str | None,
+    reserve: float | None,
 ) -> None:
     """Add a budget; requests over it get 402 until the period resets."""
 
@@ -874,6 +881,7 @@ def budgets_add(
             limit=_whole_if_counted(metric, limit),
             period=period,
             provider=provider,
+            reserve=None if reserve is None else _whole_if_counted(metric, reserve),
             actor=_actor(),
         )
         return await _budget_states(ctx, project_id, budget.id)

@@ -51,6 +51,12 @@ class BudgetRule:
     period: Period
     amount: int  # cost: micro-dollars
     provider: str | None = None
+    reserve: int = 0  # tokens or micro-dollars held per request from admission until its usage is settled
+
+    @property
+    def admission(self) -> int:
+        """What admitting a request adds at once: the request itself, or the reserve held for its usage."""
+        return 1 if self.metric == "requests" else self.reserve
 
     def applies_to(self, provider: str) -> bool:
         return self.provider is None or self.provider == provider
@@ -76,11 +82,12 @@ class BudgetRule:
         return f"{self.amount:,} {self.metric} a {self.period}"
 
     def charge(self, prompt: int | None, completion: int | None, cost: int | None) -> int:
-        """What a settled response adds to this budget (a request was counted when it was admitted)."""
+        """What a settled response adds to this budget: its usage less the reserve its admission held (negative
+        when it spent less); a request was counted when it was admitted."""
         if self.metric == "tokens":
-            return (prompt or 0) + (completion or 0)
+            return (prompt or 0) + (completion or 0) - self.reserve
         if self.metric == "cost":
-            return cost or 0
+            return (cost or 0) - self.reserve
         return 0
 
 

@@ -18,7 +18,8 @@ async def test_a_budget_is_added_shown_with_its_period_changed_and_removed(clien
     await custom(client, project_id)
 
     added = await client.post(
-        budgets_url(project_id), json={"metric": "cost", "limit": 12.5, "period": "month", "provider": "acme"}
+        budgets_url(project_id),
+        json={"metric": "cost", "limit": 12.5, "period": "month", "provider": "acme", "reserve": 0.05},
     )
     assert added.status_code == 201, added.text
     budget = added.json()
@@ -30,6 +31,7 @@ async def test_a_budget_is_added_shown_with_its_period_changed_and_removed(clien
         "spent": 0,
     }
     assert budget["period_start"].endswith("-01T00:00:00Z")
+    assert budget["reserve"] == 0.05
     assert budget["id"].startswith("bud_")
 
     changed = await client.patch(budgets_url(project_id, budget["id"]), json={"limit": 20, "period": "day"})
@@ -54,6 +56,10 @@ async def test_a_budget_is_added_shown_with_its_period_changed_and_removed(clien
         ({"metric": "cost", "limit": 5, "period": "week"}, 422, "period"),
         ({"metric": "minutes", "limit": 5, "period": "day"}, 422, "metric"),
         ({"metric": "requests", "limit": 5, "period": "day", "provider": "nowhere"}, 404, ""),
+        ({"metric": "requests", "limit": 5, "period": "day", "reserve": 1}, 422, "reserve"),
+        ({"metric": "tokens", "limit": 5, "period": "day", "reserve": 6}, 422, "reserve"),
+        ({"metric": "tokens", "limit": 5, "period": "day", "reserve": 1.5}, 422, "reserve"),
+        ({"metric": "cost", "limit": 5, "period": "day", "reserve": -1}, 422, "reserve"),
     ],
 )
 async def test_a_budget_that_makes_no_sense_is_refused(

@@ -158,3 +158,18 @@ async def test_only_requests_that_pass_every_check_count_against_a_requests_budg
 
     [state] = await budgets.list_budgets(ctx, project_id=project.id)
     assert state.spent == 1  # the refused call is in the request log, but was never admitted
+
+
+async def test_a_reserve_per_request_keeps_calls_in_flight_from_overrunning_a_tokens_budget_together(
+    gateway_url: str, ctx: Context, project: Project
+) -> None:
+    # Each call reports 12 tokens; 12 are held from its admission until then: 4 fit in 50, however many at once.
+    await budgets.add_budget(ctx, project_id=project.id, metric="tokens", limit=50, period="day", reserve=12, actor="t")
+
+    answers = await asyncio.gather(*(chat(gateway_url, project) for _ in range(10)))
+
+    assert sorted(answer.status_code for answer in answers) == [200] * 4 + [402] * 6
+    await settled(ctx, project, 10)
+    [state] = await budgets.list_budgets(ctx, project_id=project.id)
+    assert state.spent == 48  # what the four reported: each settled to its usage, its reserve released
+    assert (await chat(gateway_url, project)).status_code == 402  # 48 + 12 held would pass 50

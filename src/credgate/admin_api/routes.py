@@ -371,6 +371,7 @@ async def add_budget(project_id: str, body: BudgetIn, ctx: ContextDep, actor: Ac
         period=body.period,
         provider=body.provider,
         thresholds=body.thresholds,
+        reserve=body.reserve,
         actor=actor,
     )
     return await _budget_out(ctx, project_id, budget.id)
@@ -392,6 +393,7 @@ async def update_budget(
         limit=body.limit,
         period=body.period,
         thresholds=body.thresholds,
+        reserve=body.reserve,
         actor=actor,
     )
     return await _budget_out(ctx, project_id, budget_id)

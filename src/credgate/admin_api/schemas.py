@@ -23,7 +23,7 @@ from credgate.limits import (
     TimeoutSeconds,
 )
 from credgate.netguard import PrivateNetworkList
-from credgate.services.budgets import BudgetState, limit_of
+from credgate.services.budgets import BudgetState, limit_of, reserve_of
 from credgate.services.key_pools import key_state
 from credgate.services.projects import current_token
 from credgate.services.verification import Verification
@@ -337,12 +337,16 @@ class BudgetIn(In):
     period: Literal["day", "month"]
     provider: str | None = Field(default=None, description="one provider's traffic only; all when absent")
     thresholds: list[int] = Field(default=[80, 100], description="percentages of the limit that raise an event")
+    reserve: int | float = Field(
+        default=0, description="tokens or cost budgets: held per request from admission until its usage is known"
+    )
 
 
 class BudgetPatchIn(In):
     limit: int | float | None = None
     period: Literal["day", "month"] | None = None
     thresholds: list[int] | None = None
+    reserve: int | float | None = None
 
 
 class BudgetOut(BaseModel):
@@ -357,6 +361,7 @@ class BudgetOut(BaseModel):
     period_start: datetime
     resets_at: datetime
     thresholds: list[int]
+    reserve: int | float  # held per request until its usage is known (dollars for cost)
     created_at: datetime
     updated_at: datetime
 
@@ -373,6 +378,7 @@ class BudgetOut(BaseModel):
             period_start=state.period_start,
             resets_at=state.resets_at,
             thresholds=list(budget.thresholds),
+            reserve=reserve_of(budget),
             created_at=budget.created_at,
             updated_at=budget.updated_at,
         )

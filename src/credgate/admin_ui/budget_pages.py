@@ -17,13 +17,13 @@ METRICS = {"requests": "Requests", "tokens": "Tokens", "cost": "Cost (dollars)"}
 PERIODS = {"day": "Day (UTC)", "month": "Month (UTC)"}
 
 
-def _limit(metric: str, text: str) -> float | int:
-    """Typed text as a limit: dollars for cost, else whole numbers (the service says what is wrong)."""
+def _limit(metric: str, text: str, *, field_name: str = "limit") -> float | int:
+    """Typed text as a limit (or reserve): dollars for cost, else whole numbers (the service says what is wrong)."""
     cleaned = text.strip().removeprefix("$").replace(",", "").replace("_", "")
     try:
         number = float(cleaned)
     except ValueError:
-        raise InvalidInput("limit", "must be a number") from None
+        raise InvalidInput(field_name, "must be a number") from None
     return int(number) if metric != "cost" and number.is_integer() else number
 
 
@@ -60,7 +60,14 @@ async def _budgets_page(
         "metrics": METRICS,
         "periods": PERIODS,
         "errors": {},
-        "form": {"metric": "requests", "period": "month", "limit": "", "provider": "", "thresholds": "80, 100"},
+        "form": {
+            "metric": "requests",
+            "period": "month",
+            "limit": "",
+            "provider": "",
+            "thresholds": "80, 100",
+            "reserve": "",
+        },
     }
     return await render(request, "budgets.html", context | (extra or {}), current=current, status=status)
 
@@ -76,7 +83,7 @@ async def page(request: Request) -> Response:
 async def add(request: Request) -> Response:
     current = await visit(request)
     form = await form_of(request, current)
-    typed = {name: field(form, name) for name in ("metric", "period", "limit", "provider", "thresholds")}
+    typed = {name: field(form, name) for name in ("metric", "period", "limit", "provider", "thresholds", "reserve")}
     try:
         await budgets.add_budget(
             current.ctx,
@@ -86,6 +93,7 @@ async def add(request: Request) -> Response:
             period=typed["period"],
             provider=typed["provider"] or None,
             thresholds=_percentages(typed["thresholds"]),
+            reserve=_limit(typed["metric"], typed["reserve"], field_name="reserve") if typed["reserve"] else None,
             actor=current.actor,
         )
     except (InvalidInput, Conflict, NotFound) as error:

@@ -89,10 +89,10 @@ class LocalBudgets:
             if name not in self._used:
                 await self._seeded(project_id, rule, at, name)
         for rule, name in zip(rules, names, strict=True):
-            if self._used.get(name, 0) + max(_admitted(rule), 1) > rule.amount:
+            if self._used.get(name, 0) + max(rule.admission, 1) > rule.amount:
                 return rule
         for rule, name in zip(rules, names, strict=True):
-            self._used[name] = self._used.get(name, 0) + _admitted(rule)
+            self._used[name] = self._used.get(name, 0) + rule.admission
         return None
 
     def counted(self) -> dict[str, int]:
@@ -127,11 +127,6 @@ async def _once(loading: dict[str, asyncio.Future[T]], name: str, make: Callable
     return await asyncio.shield(future)
 
 
-def _admitted(rule: BudgetRule) -> int:
-    """What admitting a request adds at once: one request; tokens and cost come with the response."""
-    return 1 if rule.metric == "requests" else 0
-
-
 class SharedBudgets:
     """The counters of a fleet, in Redis; this process's `local` ones while Redis does not answer."""
 
@@ -156,7 +151,7 @@ class SharedBudgets:
         """None when every budget in `rules` has room (requests are then counted), else the first that has not.
         The admissions of one event-loop turn share one call to Redis."""
         keys = [self._fleet.key("budget", rule.counter(at)) for rule in rules]
-        args = [number for rule in rules for number in (rule.amount, _admitted(rule))]
+        args = [number for rule in rules for number in (rule.amount, rule.admission)]
         for _ in range(len(rules) + 1):
             answer = await self._ask(keys, args)
             if answer is None:  # Redis does not answer: this process counts alone

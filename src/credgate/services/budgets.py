@@ -33,6 +33,7 @@ def rule_of(budget: Budget) -> BudgetRule:
         period=cast(Period, budget.period),
         amount=budget.amount,
         provider=budget.provider,
+        reserve=budget.reserve,
     )
 
 
@@ -53,6 +54,27 @@ def _amount(metric: str, limit: object) -> int:
     if not 1 <= limit <= MAX_COUNT:
         raise InvalidInput("limit", f"must be from 1 to {MAX_COUNT:,}")
     return limit
+
+
+def _reserve(metric: str, reserve: object, amount: int) -> int:
+    """A reserve per request as stored: tokens, or dollars as micro-dollars; never more than the limit."""
+    if reserve is None or reserve == 0:
+        return 0
+    if metric == "requests":
+        raise InvalidInput("reserve", "is for tokens and cost budgets: a request is counted when it is admitted")
+    if isinstance(reserve, bool) or not isinstance(reserve, int | float) or not math.isfinite(reserve) or reserve < 0:
+        raise InvalidInput("reserve", "must be a number, 0 or more")
+    if metric == "tokens" and not isinstance(reserve, int):
+        raise InvalidInput("reserve", "must be a whole number of tokens")
+    stored = round(reserve * MICROS_PER_DOLLAR) if metric == "cost" else int(reserve)
+    if stored > amount:
+        raise InvalidInput("reserve", "must not be more than the limit")
+    return stored
+
+
+def reserve_of(budget: Budget) -> float | int:
+    """The reserve as the API shows it: dollars for cost, else tokens."""
+    return budget.reserve / MICROS_PER_DOLLAR if budget.metric == "cost" else budget.reserve
 
 
 def limit_of(budget: Budget) -> float | int:
@@ -92,12 +114,16 @@ async def add_budget(
     period: str,
     provider: str | None = None,
     thresholds: Sequence[object] = (80, 100),
+    reserve: object = None,
     actor: str,
 ) -> Budget:
-    """A budget; an event is raised when its spend crosses each of `thresholds` (percentages of the limit)."""
+    """A budget; an event is raised when its spend crosses each of `thresholds` (percentages of the limit). A
+    tokens or cost budget may hold `reserve` (tokens, or dollars) per request from admission to settlement, so
+    that calls in flight cannot together spend past it by more than what each spends over its reserve."""
     if metric not in METRICS:
         raise InvalidInput("metric", "must be requests, tokens or cost")
     amount, period, alerts = _amount(metric, limit), _period(period), _thresholds(thresholds)
+    held = _reserve(metric, reserve, amount)
     async with ctx.change(actor=actor, action="budget.add", project_id=project_id, provider=provider) as repo:
         await require_project(repo, project_id)
         if provider is not None:
@@ -112,6 +138,7 @@ async def add_budget(
             metric=metric,
             period=period,
             amount=amount,
+            reserve=held,
             thresholds=alerts,
             created_at=now,
             updated_at=now,
@@ -128,6 +155,7 @@ async def update_budget(
     limit: object = None,
     period: str | None = None,
     thresholds: Sequence[object] | None = None,
+    reserve: object = None,
     actor: str,
 ) -> Budget:
     """A new limit, period or thresholds (None leaves it); the spend of the period so far counts against the new
@@ -141,6 +169,10 @@ async def update_budget(
             budget.period = _period(period)
         if alerts is not None:
             budget.thresholds = alerts
+        if reserve is not None:
+            budget.reserve = _reserve(budget.metric, reserve, budget.amount)
+        elif budget.reserve > budget.amount:
+            raise InvalidInput("limit", "must not be less than the reserve per request")
         budget.updated_at = ctx.clock()
     return budget
 

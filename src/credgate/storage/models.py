@@ -191,6 +191,8 @@ class Budget(Base):
     metric: Mapped[str] = mapped_column(String(16))  # "requests", "tokens" or "cost"
     period: Mapped[str] = mapped_column(String(8))  # "day" or "month", calendar periods in UTC
     amount: Mapped[int] = mapped_column(BigInteger)  # the limit, in the metric's unit (cost: micro-dollars)
+    # Tokens or micro-dollars held per request from its admission until its usage is known (0: none).
+    reserve: Mapped[int] = mapped_column(BigInteger, default=0, server_default=text("0"))
     thresholds: Mapped[list[Any]] = mapped_column(default=lambda: [80, 100])  # percents that raise an event
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]

@@ -24,6 +24,7 @@ def upgrade() -> None:
         sa.Column("metric", sa.String(length=16), nullable=False),
         sa.Column("period", sa.String(length=8), nullable=False),
         sa.Column("amount", sa.BigInteger(), nullable=False),
+        sa.Column("reserve", sa.BigInteger(), server_default=sa.text("0"), nullable=False),
         sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
         sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
         sa.ForeignKeyConstraint(["project_id"], ["projects.id"], ondelete="CASCADE"),
