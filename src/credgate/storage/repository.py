@@ -359,6 +359,14 @@ class Repository:
         self._session.add(event)
         return True
 
+    async def has_due_deliveries(self, *, now: datetime) -> bool:
+        statement = (
+            select(EventDelivery.id)
+            .where(EventDelivery.status == "pending", EventDelivery.next_attempt_at <= now)
+            .limit(1)
+        )
+        return (await self._session.scalar(statement)) is not None
+
     async def claim_due_deliveries(
         self, *, now: datetime, lease_until: datetime, limit: int
     ) -> Sequence[EventDelivery]:
