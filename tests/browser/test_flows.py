@@ -220,7 +220,12 @@ async def test_a_second_key_takes_over_when_the_provider_refuses_the_first_then_
     answer = await proxied(gateway, token, "pool/v1/chat/completions")
     assert answer.status_code == 200
     assert judge.keys_called() == [KEY, CUSTOM_KEY]
-    await page.reload()
+    # The proxy records the refusal in the background: reload until the page shows it.
+    for _ in range(50):
+        await page.reload()
+        if "out of service" in await rows.first.inner_text():
+            break
+        await page.wait_for_timeout(100)
     await expect(rows.first).to_contain_text("out of service refused by the provider (401)")
 
     del judge.answers[KEY]  # reopened: the admin puts the key back
