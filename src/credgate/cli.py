@@ -878,20 +878,15 @@ def budgets_add(
             ctx,
             project_id=project_id,
             metric=metric,
-            limit=_whole_if_counted(metric, limit),
+            limit=limit,
             period=period,
             provider=provider,
-            reserve=None if reserve is None else _whole_if_counted(metric, reserve),
+            reserve=reserve,
             actor=_actor(),
         )
         return await _budget_states(ctx, project_id, budget.id)
 
     _print(_run(settings, work)[0])
-
-
-def _whole_if_counted(metric: str, limit: float) -> float | int:
-    """Click reads every limit as a number; requests and tokens are whole (the service refuses 1.5 itself)."""
-    return int(limit) if metric != "cost" and limit.is_integer() else limit
 
 
 @budgets_group.command("update")
@@ -906,12 +901,8 @@ def budgets_update(
     """Change a budget's limit or period."""
 
     async def work(ctx: Context) -> list[BudgetOut]:
-        found = await _budget_states(ctx, project_id, budget_id)
-        if not found:
-            raise NotFound("no such budget")
-        new_limit = None if limit is None else _whole_if_counted(found[0].metric, limit)
         await budgets.update_budget(
-            ctx, project_id=project_id, budget_id=budget_id, limit=new_limit, period=period, actor=_actor()
+            ctx, project_id=project_id, budget_id=budget_id, limit=limit, period=period, actor=_actor()
         )
         return await _budget_states(ctx, project_id, budget_id)
 

@@ -17,14 +17,14 @@ METRICS = {"requests": "Requests", "tokens": "Tokens", "cost": "Cost (dollars)"}
 PERIODS = {"day": "Day (UTC)", "month": "Month (UTC)"}
 
 
-def _limit(metric: str, text: str, *, field_name: str = "limit") -> float | int:
-    """Typed text as a limit (or reserve): dollars for cost, else whole numbers (the service says what is wrong)."""
+def _limit(text: str, *, field_name: str = "limit") -> float:
+    """Typed text as a number: "$1,250.50", "12_000" (the service judges it for the budget's metric)."""
     cleaned = text.strip().removeprefix("$").replace(",", "").replace("_", "")
     try:
         number = float(cleaned)
     except ValueError:
         raise InvalidInput(field_name, "must be a number") from None
-    return int(number) if metric != "cost" and number.is_integer() else number
+    return number
 
 
 def _percentages(text: str) -> list[object]:
@@ -89,11 +89,11 @@ async def add(request: Request) -> Response:
             current.ctx,
             project_id=request.path_params["project_id"],
             metric=typed["metric"],
-            limit=_limit(typed["metric"], typed["limit"]),
+            limit=_limit(typed["limit"]),
             period=typed["period"],
             provider=typed["provider"] or None,
             thresholds=_percentages(typed["thresholds"]),
-            reserve=_limit(typed["metric"], typed["reserve"], field_name="reserve") if typed["reserve"] else None,
+            reserve=_limit(typed["reserve"], field_name="reserve") if typed["reserve"] else None,
             actor=current.actor,
         )
     except (InvalidInput, Conflict, NotFound) as error:
@@ -107,16 +107,12 @@ async def change(request: Request) -> Response:
     current = await visit(request)
     form = await form_of(request, current)
     budget_id = request.path_params["budget_id"]
-    states = await budgets.list_budgets(current.ctx, project_id=request.path_params["project_id"])
-    state = next((state for state in states if state.budget.id == budget_id), None)
-    if state is None:
-        raise NotFound("no such budget")
     try:
         await budgets.update_budget(
             current.ctx,
             project_id=request.path_params["project_id"],
             budget_id=budget_id,
-            limit=_limit(state.budget.metric, field(form, "limit")),
+            limit=_limit(field(form, "limit")),
             actor=current.actor,
         )
     except InvalidInput as error:

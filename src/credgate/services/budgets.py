@@ -41,6 +41,14 @@ def prices_of(integration: Integration) -> tuple[Price, ...]:
     return tuple(Price(line["model"], float(line["input"]), float(line["output"])) for line in integration.prices)
 
 
+def _whole(value: object) -> object:
+    """A count typed as a number (3.0 from a form or an option) as the whole number it is; anything else as is,
+    for the caller to judge."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
 def _amount(metric: str, limit: object) -> int:
     """A limit as stored: a whole number of requests or tokens, or dollars (to the cent) as micro-dollars."""
     if metric == "cost":
@@ -49,6 +57,7 @@ def _amount(metric: str, limit: object) -> int:
         if not 0.01 <= limit <= MAX_DOLLARS:
             raise InvalidInput("limit", f"must be from 0.01 to {MAX_DOLLARS:,} dollars")
         return round(limit * MICROS_PER_DOLLAR)
+    limit = _whole(limit)
     if isinstance(limit, bool) or not isinstance(limit, int):
         raise InvalidInput("limit", f"must be a whole number of {metric}")
     if not 1 <= limit <= MAX_COUNT:
@@ -64,7 +73,7 @@ def _reserve(metric: str, reserve: object, amount: int) -> int:
         raise InvalidInput("reserve", "is for tokens and cost budgets: a request is counted when it is admitted")
     if isinstance(reserve, bool) or not isinstance(reserve, int | float) or not math.isfinite(reserve) or reserve < 0:
         raise InvalidInput("reserve", "must be a number, 0 or more")
-    if metric == "tokens" and not isinstance(reserve, int):
+    if metric == "tokens" and not isinstance(_whole(reserve), int):
         raise InvalidInput("reserve", "must be a whole number of tokens")
     stored = round(reserve * MICROS_PER_DOLLAR) if metric == "cost" else int(reserve)
     if stored > amount:
