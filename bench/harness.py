@@ -165,6 +165,19 @@ def open_fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
+def database_fds(pid: int) -> int:
+    """The fds on the SQLite database's files (the file, its WAL and shared memory): the connection pool's, which
+    opens a connection more when work overlaps and keeps it for reuse, like the upstream pool."""
+    count = 0
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:  # closed meanwhile
+            continue
+        count += target.rsplit("/", 1)[-1] in ("credgate.db", "credgate.db-wal", "credgate.db-shm")
+    return count
+
+
 def store_section(text: str, path: Path = RESULTS) -> None:
     """Put `text`, a section that starts with a `# ` heading, into the results file: in place of the section of
     the same heading if there is one, else at the end. Other sections are kept."""

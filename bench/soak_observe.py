@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from harness import PROBE_PREFIX, open_fds, rss_mb
+from harness import PROBE_PREFIX, database_fds, open_fds, rss_mb
 
 PROBE_TIMEOUT_SECONDS = 5.0
 
@@ -22,12 +22,13 @@ class Sample:
     tasks: int
     upstream_open: int  # connections the gateway holds to the upstream, idle in its pool or answering
     upstream_active: int  # of those, the ones with a response under way
+    database: int = 0  # fds on the SQLite database's files, the database pool's
 
     @property
     def own_fds(self) -> int:
-        """The fds that are not upstream connections: those kept for reuse are the pool's, not leaks, and the
-        upstream counts them exactly."""
-        return self.fds - self.upstream_open
+        """The fds that are neither upstream connections nor the database pool's: those kept for reuse are the
+        pools', not leaks (the upstream counts its connections exactly, /proc names the database's files)."""
+        return self.fds - self.upstream_open - self.database
 
 
 class Observer:
@@ -60,7 +61,9 @@ class Observer:
     async def sample(self) -> Sample:
         upstream = await self.upstream()
         pid = self.gateway.pid
-        return Sample(rss_mb(pid), open_fds(pid), await self.tasks(), upstream["open"], upstream["active"])
+        return Sample(
+            rss_mb(pid), open_fds(pid), await self.tasks(), upstream["open"], upstream["active"], database_fds(pid)
+        )
 
     async def settle(self, holds: Callable[[Sample], bool], within: float) -> tuple[Sample, float]:
         """Sample until `holds` (or `within` seconds have passed); returns the last sample and when it was taken."""

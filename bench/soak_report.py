@@ -41,7 +41,7 @@ def leak_checks(item: str, baseline: Sample, sample: Sample, rss_limit_mib: floa
         ),
         Check(
             item,
-            f"open fds = baseline ± {FDS_MARGIN}, idle pooled upstream connections aside",
+            f"open fds = baseline ± {FDS_MARGIN}, pooled upstream and database connections aside",
             abs(sample.own_fds - baseline.own_fds) <= FDS_MARGIN,
             f"{baseline.own_fds} → {sample.own_fds}; with them {baseline.fds} → {sample.fds}",
         ),
