@@ -27,6 +27,7 @@ from credgate.error_responses import error_response, install_error_handlers
 from credgate.log_format import AccessLog
 from credgate.log_format import request_id as current_request_id
 from credgate.proxy import ProxyApp
+from credgate.proxy.minting import PATH as MINTING_PATH
 from credgate.runtime import Runtime
 from credgate.services.bootstrap import open_context
 from credgate.services.context import Context
@@ -97,16 +98,20 @@ class Gateway:
 
     def _plane(self, scope: Scope, raw_path: bytes) -> ASGIApp:
         proxy = self.runtime.proxy
+        if raw_path == MINTING_PATH and proxy is not None and not self._on_admin_listener(scope):
+            return proxy.minter  # where the proxy is: an app's backend calls it beside its proxied calls
         proxied = raw_path.startswith(b"/proxy/")
         if self._admin_port is None:
             return proxy if proxied and proxy is not None else self._control_plane
-        # Which listener took the connection: its own address, as the server reports it (never a client's header).
-        on_admin_listener = scope["server"] is not None and scope["server"][1] == self._admin_port
-        if on_admin_listener:
+        if self._on_admin_listener(scope):
             return _NOT_FOUND if proxied else self._control_plane
         if proxied:
             return proxy if proxy is not None else self._control_plane
         return self._control_plane if raw_path in _HEALTH_PATHS else _NOT_FOUND
+
+    def _on_admin_listener(self, scope: Scope) -> bool:
+        # Which listener took the connection: its own address, as the server reports it (never a client's header).
+        return self._admin_port is not None and scope["server"] is not None and scope["server"][1] == self._admin_port
 
 
 def _access_fields(method: str, path: str, status: int, duration_ms: float, state: dict[str, Any]) -> dict[str, Any]:

@@ -81,7 +81,7 @@ from credgate.services import (
 from credgate.services.bootstrap import open_context
 from credgate.services.context import Context
 from credgate.services.verification import Verification
-from credgate.specs import AuthSpec, Endpoint
+from credgate.specs import AuthSpec, Endpoint, IdentityProviderSpec
 from credgate.spending import METRICS, PERIODS
 from credgate.storage.models import Integration
 from credgate.tracing import tracing_requested
@@ -363,6 +363,16 @@ def projects_show(settings: Settings, project_id: str) -> None:
 @click.option("--no-rate-limit", is_flag=True, help="Turn the rate limit off.")
 @click.option("--key-max-age-days", **_limited(KeyMaxAgeDays, "Flag keys whose secret is older (an event too)"))
 @click.option("--no-key-max-age", is_flag=True, help="Remove the key age policy.")
+@click.option(
+    "--allowed-origin", "allowed_origins", multiple=True, help="A web origin whose pages may call the proxy (repeat)."
+)
+@click.option("--no-allowed-origins", is_flag=True, help="No page may call the proxy (CORS off).")
+@click.option("--subject-rate-limit", **_limited(RateLimitPerMinute, "Each end user's requests per minute"))
+@click.option("--no-subject-rate-limit", is_flag=True, help="Turn the per-end-user rate limit off.")
+@click.option("--identity-jwks-url", help="Trust end-user JWTs signed by the keys published here …")
+@click.option("--identity-issuer", help="… whose `iss` is this …")
+@click.option("--identity-audience", help="… and whose `aud` names this.")
+@click.option("--no-identity-provider", is_flag=True, help="Trust no identity provider.")
 @pass_settings
 def projects_update(
     settings: Settings,
@@ -372,17 +382,51 @@ def projects_update(
     no_rate_limit: bool,
     key_max_age_days: int | None,
     no_key_max_age: bool,
+    allowed_origins: tuple[str, ...],
+    no_allowed_origins: bool,
+    subject_rate_limit: int | None,
+    no_subject_rate_limit: bool,
+    identity_jwks_url: str | None,
+    identity_issuer: str | None,
+    identity_audience: str | None,
+    no_identity_provider: bool,
 ) -> None:
-    """Rename a project, set its rate limit or its key age policy."""
+    """Rename a project, set its rate limits, key age policy, allowed origins or identity provider."""
+    if allowed_origins and no_allowed_origins:
+        _fail("--allowed-origin and --no-allowed-origins exclude each other", 2)
     changes = projects.ProjectChanges(
         name=name,
         rate_limit_per_minute=_set_or_clear("rate-limit", rate_limit, no_rate_limit),
         key_max_age_days=_set_or_clear("key-max-age-days", key_max_age_days, no_key_max_age),
+        allowed_origins=[] if no_allowed_origins else (list(allowed_origins) or None),
+        subject_rate_limit_per_minute=_set_or_clear("subject-rate-limit", subject_rate_limit, no_subject_rate_limit),
+        identity_provider=_identity_provider(
+            identity_jwks_url, identity_issuer, identity_audience, clear=no_identity_provider
+        ),
     )
     project = _run(
         settings, lambda ctx: projects.update_project(ctx, project_id=project_id, changes=changes, actor=_actor())
     )
     _print(ProjectOut.of(project))
+
+
+def _identity_provider(
+    jwks_url: str | None, issuer: str | None, audience: str | None, *, clear: bool
+) -> IdentityProviderSpec | EllipsisType | None:
+    given = (jwks_url, issuer, audience)
+    if clear:
+        if any(given):
+            _fail("--no-identity-provider excludes the --identity- options", 2)
+        return None
+    if not any(given):
+        return ...
+    if not all(given):
+        _fail("--identity-jwks-url, --identity-issuer and --identity-audience go together", 2)
+    try:
+        return IdentityProviderSpec(jwks_url=jwks_url, issuer=issuer, audience=audience)
+    except ValidationError as error:
+        _fail(validation_message(error.errors(include_input=False)), 2)
+        raise
 
 
 def _set_or_clear(option: str, value: int | None, clear: bool) -> int | EllipsisType | None:
@@ -404,7 +448,7 @@ def projects_requests(settings: Settings, project_id: str, limit: int) -> None:
 
 @projects_group.command("usage")
 @click.argument("project_id")
-@click.option("--group-by", type=click.Choice(["provider", "day"]))
+@click.option("--group-by", type=click.Choice(["provider", "day", "subject"]))
 @click.option("--days", default=30, show_default=True, **_limited(UsageDays, "How far back, in days"))
 @pass_settings
 def projects_usage(settings: Settings, project_id: str, group_by: str | None, days: int) -> None:
@@ -861,6 +905,7 @@ def budgets_list(settings: Settings, project_id: str) -> None:
 @click.option("--period", type=click.Choice(PERIODS), required=True, help="A UTC calendar day or month.")
 @click.option("--provider", help="Only this provider's traffic (default: every provider).")
 @click.option("--reserve", type=float, help="Tokens or cost budgets: held per request until its usage is known.")
+@click.option("--per-subject", is_flag=True, help="The limit holds for each end user (token subject) apart.")
 @pass_settings
 def budgets_add(
     settings: Settings,
@@ -870,6 +915,7 @@ def budgets_add(
     period: str,
     provider: str | None,
     reserve: float | None,
+    per_subject: bool,
 ) -> None:
     """Add a budget; requests over it get 402 until the period resets."""
 
@@ -882,6 +928,7 @@ def budgets_add(
             period=period,
             provider=provider,
             reserve=reserve,
+            per_subject=per_subject,
             actor=_actor(),
         )
         return await _budget_states(ctx, project_id, budget.id)

@@ -74,6 +74,8 @@ class KeyRing:
             raise MasterKeyFormatError("the key ring needs at least one master key")
         self._primary_id = master_key_id(keys[0])
         self._ciphers = {master_key_id(key): AESGCM(key) for key in keys}
+        self._keys = {master_key_id(key): key for key in keys}
+        self._mac_keys: dict[tuple[bytes, bytes], bytes] = {}
 
     def refresh(self) -> None:
         if self._reload is not None:
@@ -107,6 +109,27 @@ class KeyRing:
             return cipher.decrypt(nonce, blob[_HEADER_BYTES:], aad)
         except InvalidTag:
             raise DecryptionError("the ciphertext does not open under its key and binding") from None
+
+    def _mac_key(self, key_id: bytes, purpose: bytes) -> bytes:
+        # One key per purpose, derived from the master key: a tag made for one use is worthless for another.
+        found = self._mac_keys.get((key_id, purpose))
+        if found is None:
+            derived = hmac.digest(self._keys[key_id], b"credgate/v1 mac " + purpose, "sha256")
+            found = self._mac_keys[(key_id, purpose)] = derived
+        return found
+
+    def tag(self, message: bytes, *, purpose: bytes) -> bytes:
+        """`message`'s tag under the primary master key: key id (4) | HMAC-SHA256 (32). Every instance sharing
+        the master key can check it; nothing is stored."""
+        return self._primary_id + hmac.digest(self._mac_key(self._primary_id, purpose), message, "sha256")
+
+    def check_tag(self, message: bytes, tag: bytes, *, purpose: bytes) -> bool:
+        """Whether `tag` is `message`'s under any master key of the ring (an older one too, during a rotation)."""
+        key_id = tag[:_KEY_ID_BYTES]
+        if key_id not in self._keys:
+            return False
+        expected = hmac.digest(self._mac_key(key_id, purpose), message, "sha256")
+        return hmac.compare_digest(tag[_KEY_ID_BYTES:], expected)
 
 
 def secret_binding(*, project_id: str, provider: str, purpose: str) -> bytes:

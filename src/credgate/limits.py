@@ -31,6 +31,7 @@ MAX_KEY_LENGTH = 8192
 MAX_ACTOR_LENGTH = 200  # the audit log's "who": a kind of actor and a name, cut to this length
 MAX_ENDPOINTS = 1000
 MAX_PRIVATE_NETWORKS = 32  # an integration's exceptions to the SSRF guard: a few hosts or networks, not a routing table
+MAX_ALLOWED_ORIGINS = 100  # a project's web origins: its sites, not every page of the web
 MIN_PASSWORD_LENGTH = 12
 # Times an admin may name (a usage window): far enough from datetime's own ends that no offset or window
 # arithmetic can leave its range.

@@ -56,6 +56,18 @@ budget_refusals = Counter(
     "Requests refused (402) because a budget of their project was spent, by project.",
     ["project"],
 )
+# End users are counted, never labelled: a label per user would grow without bound and name people.
+subject_requests = Counter(
+    "credgate_subject_requests",
+    "Proxied requests made for an end user (a client token's or an identity token's subject), by project.",
+    ["project"],
+)
+client_tokens_minted = Counter("credgate_client_tokens_minted", "Client tokens minted, by project.", ["project"])
+identity_refusals = Counter(
+    "credgate_identity_refusals",
+    "End users' identity tokens refused, by reason (expired, wrong_audience, bad_signature, ...).",
+    ["reason"],
+)
 oauth_token_fetches = Counter(
     "credgate_oauth_token_fetches",
     "Access tokens fetched from OAuth 2.0 token endpoints, by provider and result: ok or failed.",

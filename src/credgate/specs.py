@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from credgate.limits import MAX_PROVIDER_NAME_LENGTH, MAX_URL_LENGTH
+from credgate.limits import MAX_ALLOWED_ORIGINS, MAX_PROVIDER_NAME_LENGTH, MAX_URL_LENGTH
 
 PROVIDER_NAME = re.compile(rf"[a-z0-9][a-z0-9_-]{{0,{MAX_PROVIDER_NAME_LENGTH - 1}}}")
 METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
@@ -92,6 +92,24 @@ def check_base_url(url: str) -> str:
     return url.rstrip("/")
 
 
+def normalize_origin(origin: str) -> str:
+    """A web origin as browsers send it in `Origin`: `scheme://host[:port]`, lowercase, the default port left out."""
+    try:
+        parts = urlsplit(origin.strip())
+        port = parts.port
+    except ValueError:
+        raise ValueError("is not a valid origin") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("must be scheme://host[:port], with http or https")
+    if parts.username is not None or parts.password is not None or parts.path not in ("", "/"):
+        raise ValueError("must be scheme://host[:port] alone, with no path")
+    if parts.query or parts.fragment or origin.strip().endswith(("?", "#")) or port == 0:
+        raise ValueError("must be scheme://host[:port] alone, with no path")
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    default_port = 443 if parts.scheme == "https" else 80
+    return f"{parts.scheme}://{host}" + ("" if port in (None, default_port) else f":{port}")
+
+
 def _check_endpoint_path(path: str) -> str:
     path = path.strip("/")
     if not path:
@@ -118,6 +136,8 @@ HeaderName = Annotated[str, Field(min_length=1, max_length=200), AfterValidator(
 HeaderMap = Annotated[dict[str, str], AfterValidator(_check_headers)]
 QueryMap = Annotated[dict[Annotated[str, Field(min_length=1, max_length=200)], str], Field(max_length=64)]
 BaseUrl = Annotated[str, Field(max_length=MAX_URL_LENGTH), AfterValidator(check_base_url)]
+Origin = Annotated[str, Field(max_length=MAX_URL_LENGTH), AfterValidator(normalize_origin)]
+Origins = Annotated[list[Origin], Field(max_length=MAX_ALLOWED_ORIGINS)]
 
 
 class _Spec(BaseModel):
@@ -223,3 +243,12 @@ AuthSpec = Annotated[
 ]
 # Methods whose credential on the wire is an access token credgate obtains (proxy/oauth.py) from the stored key.
 OAUTH2_METHODS = frozenset({"oauth2_client_credentials", "oauth2_refresh_token", "google_service_account"})
+
+
+class IdentityProviderSpec(_Spec):
+    """An identity provider a project trusts for its end users: where its signing keys are published (JWKS),
+    and the issuer (`iss`) and audience (`aud`) its tokens must name."""
+
+    jwks_url: BaseUrl
+    issuer: Annotated[str, Field(min_length=1, max_length=500)]
+    audience: Annotated[str, Field(min_length=1, max_length=500)]

@@ -4,8 +4,9 @@ Pure: the services validate and store these, the proxy admits and settles by the
 (a price per million tokens times tokens is micro-dollars exactly), so counters stay integers everywhere.
 """
 
+import hashlib
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from fnmatch import fnmatchcase
 from typing import Literal
@@ -52,6 +53,12 @@ class BudgetRule:
     amount: int  # cost: micro-dollars
     provider: str | None = None
     reserve: int = 0  # tokens or micro-dollars held per request from admission until its usage is settled
+    per_subject: bool = False  # counted for each end user apart (`for_subject`)
+    subject: str | None = None  # the end user this rule counts, once bound
+
+    def for_subject(self, subject: str) -> "BudgetRule":
+        """This per-subject rule as it applies to one end user: a counter of its own."""
+        return replace(self, subject=subject)
 
     @property
     def admission(self) -> int:
@@ -73,13 +80,18 @@ class BudgetRule:
     def counter(self, at: datetime) -> str:
         """The name of this budget's counter for the period of `at`: a new period is a new counter."""
         start = self.window(at)[0]
-        return f"{self.id}:{self.period}:{start:%Y-%m-%d}"  # a day and its month start alike: the period tells
+        name = f"{self.id}:{self.period}:{start:%Y-%m-%d}"  # a day and its month start alike: the period tells
+        if self.subject is None:
+            return name
+        # A subject is the app's text: a digest keeps every counter's name short and plain.
+        return f"{name}:{hashlib.blake2b(self.subject.encode(), digest_size=12).hexdigest()}"
 
     def describe(self) -> str:
         """The budget in words, for the 402 message: "$5.00 a month", "1000 requests a day"."""
+        each = " for each end user" if self.per_subject else ""
         if self.metric == "cost":
-            return f"${self.amount / MICROS_PER_DOLLAR:,.2f} a {self.period}"
-        return f"{self.amount:,} {self.metric} a {self.period}"
+            return f"${self.amount / MICROS_PER_DOLLAR:,.2f} a {self.period}{each}"
+        return f"{self.amount:,} {self.metric} a {self.period}{each}"
 
     def charge(self, prompt: int | None, completion: int | None, cost: int | None) -> int:
         """What a settled response adds to this budget: its usage less the reserve its admission held (negative
@@ -89,6 +101,16 @@ class BudgetRule:
         if self.metric == "cost":
             return (cost or 0) - self.reserve
         return 0
+
+
+def rules_for(rules: tuple[BudgetRule, ...], subject: str | None) -> tuple[BudgetRule, ...]:
+    """The rules that count a request of `subject`: the project's, and each per-subject one bound to the subject
+    (a request without a subject, made with the project token itself, is not an end user's)."""
+    if not any(rule.per_subject for rule in rules):
+        return rules
+    if subject is None:
+        return tuple(rule for rule in rules if not rule.per_subject)
+    return tuple(rule.for_subject(subject) if rule.per_subject else rule for rule in rules)
 
 
 Charge = tuple[BudgetRule, datetime, int]

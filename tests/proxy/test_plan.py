@@ -12,7 +12,7 @@ from credgate.proxy.plan import (
     check_method,
     check_target,
     endpoint_allowed,
-    find_project_token,
+    find_token,
     plan_upstream,
     response_headers,
     split_target,
@@ -74,12 +74,12 @@ def names(request: UpstreamRequest) -> set[str]:
 
 @pytest.mark.parametrize("header", [b"authorization", b"x-api-key", b"api-key", b"x-goog-api-key", b"xi-api-key"])
 def test_token_is_found_bare_in_every_sdk_header(header: bytes) -> None:
-    assert find_project_token([(b"accept", b"*/*"), (header, TOKEN.encode())]) == TOKEN
+    assert find_token([(b"accept", b"*/*"), (header, TOKEN.encode())]) == TOKEN
 
 
 @pytest.mark.parametrize("value", [f"Bearer {TOKEN}", f"bearer {TOKEN}", f"BEARER {TOKEN}", f"Token {TOKEN}"])
 def test_token_is_found_after_a_scheme(value: str) -> None:
-    assert find_project_token([(b"authorization", value.encode())]) == TOKEN
+    assert find_token([(b"authorization", value.encode())]) == TOKEN
 
 
 @pytest.mark.parametrize(
@@ -93,12 +93,12 @@ def test_token_is_found_after_a_scheme(value: str) -> None:
     ],
 )
 def test_no_token_outside_the_credential_headers(headers: Headers) -> None:
-    assert find_project_token(headers) is None
+    assert find_token(headers) is None
 
 
 def test_token_is_found_whichever_credential_header_comes_first() -> None:
     headers = [(b"authorization", b"Bearer sk-other"), (b"x-api-key", TOKEN.encode())]
-    assert find_project_token(headers) == TOKEN
+    assert find_token(headers) == TOKEN
 
 
 # the target
@@ -394,7 +394,7 @@ def test_a_credential_header_spelled_with_underscores_never_goes_upstream(name: 
 
 
 def test_a_token_under_an_underscore_spelling_is_found() -> None:
-    assert find_project_token([(b"x_api_key", TOKEN.encode())]) == TOKEN
+    assert find_token([(b"x_api_key", TOKEN.encode())]) == TOKEN
 
 
 def test_underscore_spellings_of_hop_by_hop_and_forwarding_headers_are_dropped() -> None:

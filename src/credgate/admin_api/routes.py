@@ -152,6 +152,11 @@ async def update_project(project_id: str, body: ProjectPatchIn, ctx: ContextDep,
         name=body.name,
         rate_limit_per_minute=body.rate_limit_per_minute if "rate_limit_per_minute" in body.model_fields_set else ...,
         key_max_age_days=body.key_max_age_days if "key_max_age_days" in body.model_fields_set else ...,
+        allowed_origins=body.allowed_origins,
+        subject_rate_limit_per_minute=(
+            body.subject_rate_limit_per_minute if "subject_rate_limit_per_minute" in body.model_fields_set else ...
+        ),
+        identity_provider=body.identity_provider if "identity_provider" in body.model_fields_set else ...,
     )
     return ProjectOut.of(await projects.update_project(ctx, project_id=project_id, changes=changes, actor=actor))
 
@@ -372,6 +377,7 @@ async def add_budget(project_id: str, body: BudgetIn, ctx: ContextDep, actor: Ac
         provider=body.provider,
         thresholds=body.thresholds,
         reserve=body.reserve,
+        per_subject=body.per_subject,
         actor=actor,
     )
     return await _budget_out(ctx, project_id, budget.id)
@@ -491,7 +497,7 @@ async def get_usage(
     _actor: Actor,
     since: Moment | None = None,
     until: Moment | None = None,
-    group_by: Literal["provider", "day"] | None = None,
+    group_by: Literal["provider", "day", "subject"] | None = None,
 ) -> UsageOut:
     since, until, rows = await usage.summarize_usage(
         ctx, project_id=project_id, since=since, until=until, group_by=group_by

@@ -27,7 +27,17 @@ from credgate.services.budgets import BudgetState, limit_of, reserve_of
 from credgate.services.key_pools import key_state
 from credgate.services.projects import current_token
 from credgate.services.verification import Verification
-from credgate.specs import AuthSpec, BaseUrl, Endpoint, HeaderMap, KeyStrategy, ProviderName, QueryMap
+from credgate.specs import (
+    AuthSpec,
+    BaseUrl,
+    Endpoint,
+    HeaderMap,
+    IdentityProviderSpec,
+    KeyStrategy,
+    Origins,
+    ProviderName,
+    QueryMap,
+)
 from credgate.spending import MICROS_PER_DOLLAR
 from credgate.storage import UsageRow
 from credgate.storage.models import (
@@ -87,6 +97,15 @@ class ProjectPatchIn(In):
     key_max_age_days: KeyMaxAgeDays | None = Field(
         default=None, description="keys whose secret is older are flagged (panel, metric, event); null: no policy"
     )
+    allowed_origins: Origins | None = Field(
+        default=None, description="web origins (scheme://host[:port]) whose pages may call the proxy; replaces the list"
+    )
+    subject_rate_limit_per_minute: RateLimitPerMinute | None = Field(
+        default=None, description="each end user's rate limit (a client or identity token's subject); null: none"
+    )
+    identity_provider: IdentityProviderSpec | None = Field(
+        default=None, description="the identity provider whose end-user JWTs the proxy accepts; null: none"
+    )
 
 
 class TokenRotateIn(In):
@@ -117,6 +136,9 @@ class ProjectOut(BaseModel):
     key_max_age_days: int | None
     created_at: datetime
     token: TokenOut | None
+    allowed_origins: list[str]
+    subject_rate_limit_per_minute: int | None
+    identity_provider: IdentityProviderSpec | None
 
     @classmethod
     def of(cls, project: Project) -> Self:
@@ -128,6 +150,11 @@ class ProjectOut(BaseModel):
             key_max_age_days=project.key_max_age_days,
             created_at=project.created_at,
             token=None if token is None else TokenOut.of(token),
+            allowed_origins=list(project.allowed_origins),
+            subject_rate_limit_per_minute=project.subject_rate_limit_per_minute,
+            identity_provider=None
+            if project.identity_provider is None
+            else IdentityProviderSpec(**project.identity_provider),
         )
 
 
@@ -340,6 +367,9 @@ class BudgetIn(In):
     reserve: int | float = Field(
         default=0, description="tokens or cost budgets: held per request from admission until its usage is known"
     )
+    per_subject: bool = Field(
+        default=False, description="the limit holds for each end user (client or identity token subject) apart"
+    )
 
 
 class BudgetPatchIn(In):
@@ -362,6 +392,7 @@ class BudgetOut(BaseModel):
     resets_at: datetime
     thresholds: list[int]
     reserve: int | float  # held per request until its usage is known (dollars for cost)
+    per_subject: bool  # for each end user apart; `spent` is then every end user's together
     created_at: datetime
     updated_at: datetime
 
@@ -379,6 +410,7 @@ class BudgetOut(BaseModel):
             resets_at=state.resets_at,
             thresholds=list(budget.thresholds),
             reserve=reserve_of(budget),
+            per_subject=budget.per_subject,
             created_at=budget.created_at,
             updated_at=budget.updated_at,
         )
@@ -561,7 +593,7 @@ class UsageGroupOut(UsageTotalsOut):
 class UsageOut(BaseModel):
     since: datetime
     until: datetime
-    group_by: Literal["provider", "day"] | None
+    group_by: Literal["provider", "day", "subject"] | None
     totals: UsageTotalsOut
     items: list[UsageGroupOut]
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from urllib.parse import quote, unquote, unquote_to_bytes
 
 from credgate import specs
+from credgate.client_tokens import ClientGrant
 from credgate.crypto import Secret
 from credgate.errors import BadRequest, Forbidden, MethodNotAllowed, NotFound, PayloadTooLarge
 from credgate.paths import MalformedPath, parse_path, path_matches
@@ -20,6 +21,7 @@ Headers = list[tuple[bytes, bytes]]
 TOKEN_HEADERS = (b"authorization", b"x-api-key", b"api-key", b"x-goog-api-key", b"xi-api-key")
 _TOKEN_SCHEMES = (b"bearer ", b"token ")
 _AWS_SIGNATURE = b"AWS4-HMAC-SHA256 "
+_TOKEN_PREFIXES = (b"cgp_", b"cgc_", b"eyJ")  # project, client and identity tokens (a JWT's header is `{"…`)
 # What the proxy forwards at all (README, Proxy); anything else gets 405 with this Allow header.
 FORWARDED_METHODS = frozenset({*specs.METHODS, "HEAD", "OPTIONS"})
 ALLOW_HEADER = ", ".join((*specs.METHODS, "HEAD", "OPTIONS"))
@@ -57,8 +59,9 @@ def check_method(method: str) -> None:
         raise MethodNotAllowed(f"{method} is never forwarded", headers={"Allow": ALLOW_HEADER})
 
 
-def find_project_token(headers: Headers) -> str | None:
-    """The first `cgp_` token in the headers SDKs use for credentials, with or without a scheme. An AWS SDK
+def find_token(headers: Headers) -> str | None:
+    """The first credgate token in the headers SDKs use for credentials, with or without a scheme: a project
+    token (`cgp_`), a client token (`cgc_`) or an end user's identity token (a JWT, `eyJ…`). An AWS SDK
     given the token as its access key id signs with it: the token is then the signature's credential scope's
     first part (`AWS4-HMAC-SHA256 Credential=<token>/<date>/…`); that signature is never checked or relayed."""
     for name, value in headers:
@@ -72,7 +75,7 @@ def find_project_token(headers: Headers) -> str | None:
                 if value.startswith(_AWS_SIGNATURE):
                     value = value[len(_AWS_SIGNATURE) :].lstrip().removeprefix(b"Credential=").partition(b"/")[0]
             value = value.strip()
-            if value.startswith(b"cgp_"):
+            if value.startswith(_TOKEN_PREFIXES):
                 return value.decode("latin-1")
     return None
 
@@ -121,10 +124,13 @@ def admit(
     headers: Headers,
     integration: ResolvedIntegration | None,
     max_request_bytes: int,
+    grant: ClientGrant | None = None,
+    origin: str | None = None,
+    allowed_origins: frozenset[str] = frozenset(),
 ) -> Admitted:
     """The documented checks after the token (README, Errors), in their order: 400 (target), 404 (no integration),
-    403 (disabled, key revoked, endpoint not enabled), 413 (declared length). The rate limit (429) comes after, in
-    the relay, since it counts."""
+    403 (disabled, key revoked, endpoint not enabled, outside a client token's scope, a page's origin not
+    allowed), 413 (declared length). The rate limit (429) comes after, in the relay, since it counts."""
     segments = check_target(provider, raw_endpoint)
     if integration is None:
         raise NotFound(f"this project has no integration {provider}")
@@ -135,6 +141,10 @@ def admit(
         raise Forbidden(f"the provider key of {provider} is revoked; set a new key")
     if method not in specs.METHODS or not endpoint_allowed(method, segments, integration.endpoints):
         raise Forbidden(f"{method} {'/'.join(segments)} is not an enabled endpoint of {provider}")
+    if grant is not None and not grant.covers(provider, method, segments):
+        raise Forbidden(f"{method} {'/'.join(segments)} of {provider} is outside this client token's scope")
+    if origin is not None and not (origin in allowed_origins and (grant is None or grant.admits_origin(origin))):
+        raise Forbidden("this page's origin is not allowed to call this project")
     length = content_length(headers)
     if length is not None and length > max_request_bytes:
         raise PayloadTooLarge(f"request body over the limit of {max_request_bytes} bytes")

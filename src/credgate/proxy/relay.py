@@ -15,11 +15,13 @@ import aiohttp
 from starlette.types import Message, Receive, Scope, Send
 from yarl import URL
 
-from credgate import metrics
+from credgate import client_tokens, metrics
+from credgate.client_tokens import CLIENT_TOKEN_PREFIX, ClientGrant
 from credgate.config import Settings
 from credgate.crypto import Secret
 from credgate.errors import (
     BadGateway,
+    Forbidden,
     GatewayTimeout,
     PayloadTooLarge,
     PaymentRequired,
@@ -31,6 +33,7 @@ from credgate.errors import (
 )
 from credgate.fleet import RateLimiter, RateLimits, retry_after_header
 from credgate.fleet.budgets import Budgets, LocalBudgets
+from credgate.identity import IdentityRefused, IdentityUnavailable, IdentityVerifier, unverified_issuer_and_audiences
 from credgate.netguard import NO_PRIVATE_NETWORKS
 from credgate.proxy.client import (
     BodyProblem,
@@ -40,16 +43,18 @@ from credgate.proxy.client import (
     RequestBody,
     send_error,
 )
+from credgate.proxy.cors import CorsSend, origin_of, preflight_headers, preflight_of
 from credgate.proxy.deadlines import Deadlines
 from credgate.proxy.guard import NonPublicAddress
 from credgate.proxy.key_pools import FAILOVER_MAX_BODY_BYTES, KeyPools
+from credgate.proxy.minting import ClientTokenMinter
 from credgate.proxy.oauth import TokenBroker
 from credgate.proxy.plan import (
     Headers,
     UpstreamRequest,
     admit,
     check_method,
-    find_project_token,
+    find_token,
     plan_upstream,
     response_headers,
     split_target,
@@ -57,7 +62,14 @@ from credgate.proxy.plan import (
 from credgate.proxy.sigv4 import sign
 from credgate.proxy.upstreams import Upstreams, create_http_session
 from credgate.resolved import PoolKey, ResolvedIntegration
-from credgate.services.access import LOOKUP_TIMEOUT_SECONDS, Access, resolve_access
+from credgate.services.access import (
+    LOOKUP_TIMEOUT_SECONDS,
+    Access,
+    directory,
+    resolve_access,
+    resolve_for_project,
+    resolve_hashed,
+)
 from credgate.services.budgets import spent_since
 from credgate.services.context import Context
 from credgate.services.integrations import store_rotated_refresh_token
@@ -68,6 +80,7 @@ from credgate.services.usage import (
 )
 from credgate.services.verification import Verification, verdict
 from credgate.specs import OAUTH2_METHODS, PROVIDER_NAME, AwsSigV4Auth, Endpoint
+from credgate.spending import rules_for
 from credgate.storage import StorageUnavailable
 
 if TYPE_CHECKING:  # the SDK is loaded only when tracing is on
@@ -77,6 +90,9 @@ logger = logging.getLogger(__name__)
 _IN_FLIGHT, _STREAMS_OPEN = metrics.in_flight, metrics.streams_open
 _VERIFY_TIMEOUT = aiohttp.ClientTimeout(total=15)
 _WEBHOOK_TIMEOUT = aiohttp.ClientTimeout(total=10)
+_JWKS_TIMEOUT = aiohttp.ClientTimeout(total=10)
+_MAX_JWKS_BYTES = 1 << 20
+_MAX_REMEMBERED_GRANTS = 100_000
 UNAUTHORIZED_MESSAGE = "invalid project token or expired authentication"
 # RFC 6750: a 401 names the scheme the client should use.
 _CHALLENGE = {"WWW-Authenticate": 'Bearer realm="credgate"'}
@@ -136,6 +152,9 @@ class ProxyApp:
                 ctx, project_id=project_id, provider=provider, key_id=key_id, failure=failure
             )
         )
+        self._grants: dict[str, ClientGrant] = {}  # client tokens whose signature was checked
+        self.minter = ClientTokenMinter(ctx)
+        self.identities = IdentityVerifier(self._fetch_keys)
         self.tokens = TokenBroker(
             self.upstreams,
             store_refresh_token=lambda project_id, provider, token: store_rotated_refresh_token(
@@ -144,6 +163,9 @@ class ProxyApp:
         )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["method"] == "OPTIONS" and (preflight := preflight_of(scope["headers"])) is not None:
+            await self._preflight(scope, send, *preflight)
+            return
         if self.in_flight >= self.max_in_flight:
             request_id = scope["state"]["request_id"]
             await send_error(send, Unavailable(f"gateway overloaded; retry later (request id {request_id})"))
@@ -181,15 +203,23 @@ class ProxyApp:
         started = time.perf_counter()
         raw_path: bytes = scope.get("raw_path") or scope["path"].encode()
         provider, raw_endpoint = split_target(raw_path)
+        origin = origin_of(scope["headers"])
+        cors = None if origin is None else CorsSend(send, origin)
+        if cors is not None:
+            send = cors
         try:
             check_method(scope["method"])
-            access, token = await self._authenticate(scope, provider)
+            access, token, grant, subject = await self._authenticate(scope, provider)
         except ServiceError as error:
+            if cors is not None:  # so that a page can read the 401 and mint a new token
+                cors.allowed = await self._listed_anywhere(cors.origin)
             await send_error(send, error)
             return
         except Exception:
             await send_error(send, _internal_error(scope["state"]["request_id"]))
             return
+        if cors is not None:
+            cors.allowed = cors.origin in access.allowed_origins and (grant is None or grant.admits_origin(cors.origin))
         record = ProxiedRequest(
             at=datetime.now(UTC),
             project_id=access.project_id,
@@ -199,6 +229,7 @@ class ProxyApp:
             provider=provider,
             endpoint=raw_endpoint,
             started=started,
+            subject=subject,
         )
         scope["state"]["proxied"] = record  # for the access line's fields
         # Only a provider the project has set up is a label: a client may not make up label values.
@@ -209,7 +240,9 @@ class ProxyApp:
             )
             record.on_tokens = span.tokens_counted
         try:
-            integration, credential, length = await self._authorize(scope, access, provider, raw_endpoint, record)
+            integration, credential, length = await self._authorize(
+                scope, access, provider, raw_endpoint, record, grant=grant, origin=origin
+            )
             await self._relay(scope, receive, send, integration, credential, length, raw_endpoint, record, token, span)
         except ServiceError as error:
             record.status = error.status
@@ -227,30 +260,116 @@ class ProxyApp:
             overhead = duration if record.overhead_ms is None else record.overhead_ms / 1000
             metrics.request_served(access.project_id, label, record.status, duration, overhead)
 
-    async def _authenticate(self, scope: Scope, provider: str) -> tuple[Access, str]:
-        """The access the client's project token grants, and the token (which must go nowhere else)."""
-        token = find_project_token(scope["headers"])
+    async def _authenticate(self, scope: Scope, provider: str) -> tuple[Access, str, ClientGrant | None, str | None]:
+        """The access the client's token grants, the token (which must go nowhere else), a client token's grant,
+        and the end user (subject) of a client or identity token."""
+        token = find_token(scope["headers"])
         if token is None:
             raise _unauthorized()
         # A malformed name is looked up as "" (it answers 400 once the token checks out), so it cannot become
         # a cache key of its own.
         lookup = provider if PROVIDER_NAME.fullmatch(provider) else ""
+        grant = subject = access = None
         try:
-            access = await resolve_access(self.ctx, token=token, provider=lookup)
+            if token.startswith(CLIENT_TOKEN_PREFIX):
+                grant = self._grant(token)
+                if grant is not None:
+                    subject = grant.subject
+                    # Alive while the project token that minted it is: the same lookup as that token's own.
+                    access = await resolve_hashed(self.ctx, token_hash=grant.minted_by, provider=lookup)
+            elif token.startswith("eyJ"):
+                access, subject = await self._identify(token, lookup)
+            else:
+                access = await resolve_access(self.ctx, token=token, provider=lookup)
         except StorageUnavailable:  # an outage, logged once by the database's watcher, not once a request
             raise Unavailable(f"storage unavailable (request id {scope['state']['request_id']})") from None
+        except ServiceError:
+            raise
         except Exception:
             logger.exception("token lookup failed for request %s", scope["state"]["request_id"])
             raise Unavailable(f"storage unavailable (request id {scope['state']['request_id']})") from None
-        if access is None:
+        if access is None or (grant is not None and grant.project_id != access.project_id):
             raise _unauthorized()
-        return access, token
+        if subject is not None:
+            metrics.subject_requests.labels(access.project_id).inc()
+        return access, token, grant, subject
+
+    def _grant(self, token: str) -> ClientGrant | None:
+        """A client token's grant while it has not expired: its signature checked once, then remembered."""
+        grant = self._grants.get(token)
+        if grant is None:
+            grant = client_tokens.read(self.ctx.keyring, token)
+            if grant is None:
+                return None
+            if len(self._grants) >= _MAX_REMEMBERED_GRANTS:
+                self._grants.clear()
+            self._grants[token] = grant
+        if grant.expires_at <= time.time():
+            self._grants.pop(token, None)
+            return None
+        return grant
+
+    async def _identify(self, token: str, provider: str) -> tuple[Access | None, str | None]:
+        """The access and subject of an end user's identity token: the project that trusts its issuer for its
+        audience, once the signature and claims check out against that issuer's published keys."""
+        claimed = unverified_issuer_and_audiences(token)
+        trusting = None if claimed is None else (await directory(self.ctx)).trusting(*claimed)
+        if trusting is None:
+            return None, None
+        project_id, trusted = trusting
+        try:
+            subject = await self.identities.subject(token, trusted)
+        except IdentityRefused as refused:
+            metrics.identity_refusals.labels(str(refused).replace(" ", "_")).inc()
+            return None, None
+        except IdentityUnavailable:
+            raise Unavailable(f"the identity provider of project {project_id} could not be reached") from None
+        return await resolve_for_project(self.ctx, project_id=project_id, provider=provider), subject
+
+    async def _fetch_keys(self, url: str) -> bytes:
+        """An identity provider's JWKS (a `Fetch`): through the address guard, bounded, no redirect followed."""
+        if self.upstreams.refuses(url, NO_PRIVATE_NETWORKS):
+            raise NonPublicAddress("the identity provider's address is not public")
+        async with self.upstreams.default.get(URL(url), allow_redirects=False, timeout=_JWKS_TIMEOUT) as response:
+            if response.status != 200:
+                raise aiohttp.ClientResponseError(response.request_info, (), status=response.status)
+            body = bytearray()
+            async for chunk in response.content.iter_chunked(65536):
+                body += chunk
+                if len(body) > _MAX_JWKS_BYTES:
+                    raise ValueError("the JWKS document is over 1 MiB")
+            return bytes(body)
+
+    async def _listed_anywhere(self, origin: str) -> bool:
+        """Whether some project lists `origin`: what a request without a usable token (a preflight, a 401) can
+        be told."""
+        try:
+            return origin in (await directory(self.ctx)).origins
+        except Exception:  # the answer stays a refusal; the database's watcher reports an outage
+            return False
+
+    async def _preflight(self, scope: Scope, send: Send, origin: str, requested: bytes) -> None:
+        """A CORS preflight: it carries no token, so an origin any project lists is answered (204); the actual
+        request is then held to its own project's list (403 otherwise)."""
+        if not await self._listed_anywhere(origin):
+            await send_error(send, Forbidden("this page's origin is not allowed to call this gateway"))
+            return
+        await send({"type": "http.response.start", "status": 204, "headers": preflight_headers(origin, requested)})
+        await send({"type": "http.response.body", "body": b""})
 
     async def _authorize(
-        self, scope: Scope, access: Access, provider: str, raw_endpoint: str, record: ProxiedRequest
+        self,
+        scope: Scope,
+        access: Access,
+        provider: str,
+        raw_endpoint: str,
+        record: ProxiedRequest,
+        *,
+        grant: ClientGrant | None = None,
+        origin: str | None = None,
     ) -> tuple[ResolvedIntegration, Secret, int | None]:
-        """The pure checks after the token (plan.admit), then the project's rate limit (429) and budgets (402),
-        which count."""
+        """The pure checks after the token (plan.admit), then the rate limits of the project and of its end user
+        (429) and the budgets (402), which count."""
         admitted = admit(
             method=scope["method"],
             provider=provider,
@@ -258,25 +377,38 @@ class ProxyApp:
             headers=scope["headers"],
             integration=access.integration,
             max_request_bytes=self.max_request_bytes,
+            grant=grant,
+            origin=origin,
+            allowed_origins=access.allowed_origins,
         )
         if access.rate_limit_per_minute is not None:
-            wait = await self.rate_limits.check(access.project_id, access.rate_limit_per_minute)
-            if wait:
-                raise RateLimited(
-                    f"rate limit of {access.rate_limit_per_minute} requests per minute exceeded",
-                    headers={"Retry-After": retry_after_header(wait)},
-                )
+            await self._limit(access.project_id, access.rate_limit_per_minute, "")
+        subject = record.subject
+        if subject is not None and access.subject_rate_limit_per_minute is not None:
+            # A counter per end user, named apart from every project's (an id holds no "/").
+            await self._limit(f"{access.project_id}/{subject}", access.subject_rate_limit_per_minute, " per end user")
         if access.budgets:
             await self._spend(access, record)
         record.prices, record.admitted = admitted.integration.prices, True
         return admitted.integration, admitted.credential, admitted.declared_length
 
+    async def _limit(self, counter: str, per_minute: int, whose: str) -> None:
+        wait = await self.rate_limits.check(counter, per_minute)
+        if wait:
+            raise RateLimited(
+                f"rate limit of {per_minute} requests per minute{whose} exceeded",
+                headers={"Retry-After": retry_after_header(wait)},
+            )
+
     async def _spend(self, access: Access, record: ProxiedRequest) -> None:
         """Admit the request by every budget that applies (a requests budget counts it), or 402; what the
         response spends of the others is settled by the recorder, from its usage."""
+        rules = rules_for(access.budgets, record.subject)
+        if not rules:  # only budgets per end user, and a request made for none
+            return
         try:
             async with asyncio.timeout(LOOKUP_TIMEOUT_SECONDS):  # a counter may start from the request log
-                spent = await self.budgets.admit(access.project_id, access.budgets, record.at)
+                spent = await self.budgets.admit(access.project_id, rules, record.at)
         except Exception as error:
             if not isinstance(error, StorageUnavailable | TimeoutError):
                 logger.exception("budget check failed for request %s", record.request_id)
@@ -288,7 +420,7 @@ class ProxyApp:
                 f"budget of {spent.describe()} spent; it resets at {resets:%Y-%m-%dT%H:%M:%SZ}",
                 headers={"Retry-After": retry_after_header((resets - record.at).total_seconds())},
             )
-        record.budgets = access.budgets
+        record.budgets = rules
 
     async def _relay(
         self,

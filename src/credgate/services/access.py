@@ -7,6 +7,7 @@ instance's or the CLI's, within `change_poll_seconds`, by watching the change ma
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -15,6 +16,7 @@ from pydantic import TypeAdapter
 
 from credgate import metrics
 from credgate.crypto import hash_token
+from credgate.identity import IdentityProvider
 from credgate.netguard import PrivateNetworks
 from credgate.outages import Outage
 from credgate.resolved import ResolvedIntegration
@@ -26,6 +28,11 @@ from credgate.specs import AuthSpec, Endpoint
 from credgate.spending import BudgetRule
 from credgate.storage import StorageUnavailable
 from credgate.storage.models import Integration, Project
+
+# Entries of the cache that are not a project token's: a project's own (identity tokens), and the directory.
+_PROJECT_KEY = "project:"
+_DIRECTORY_KEY = ("directory:", "")
+_GONE = "gone"  # a project that no longer exists, remembered like an unknown token
 
 # Long enough for a busy but healthy database, short enough that a hung one soon means 503 rather than a queue.
 LOOKUP_TIMEOUT_SECONDS = 5.0
@@ -40,14 +47,32 @@ _endpoints_adapter = TypeAdapter(tuple[Endpoint, ...])
 
 @dataclass(frozen=True, slots=True)
 class Access:
-    """A valid project token's project, and its integration for the provider asked (None: not set up)."""
+    """A valid token's project, and its integration for the provider asked (None: not set up)."""
 
     project_id: str
-    token_hash: str
+    token_hash: str  # the project token's (for an identity token: "")
     token_expires_at: datetime | None
     rate_limit_per_minute: int | None
     integration: ResolvedIntegration | None
     budgets: tuple[BudgetRule, ...] = ()  # the project's budgets that apply to this provider
+    allowed_origins: frozenset[str] = frozenset()
+    subject_rate_limit_per_minute: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Directory:
+    """What a request that carries no project token needs to know of every project: the origins some project
+    lists (a CORS preflight carries no token) and which project trusts which identity provider."""
+
+    origins: frozenset[str]
+    identities: dict[tuple[str, str], tuple[str, IdentityProvider]]  # (issuer, audience) → project, provider
+
+    def trusting(self, issuer: str, audiences: tuple[str, ...]) -> tuple[str, IdentityProvider] | None:
+        for audience in audiences:
+            found = self.identities.get((issuer, audience))
+            if found is not None:
+                return found
+        return None
 
 
 def resolved_integration(ctx: Context, integration: Integration) -> ResolvedIntegration:
@@ -77,11 +102,36 @@ def _budgets_for(project: Project | None, provider: str) -> tuple[BudgetRule, ..
     return tuple(rule for rule in map(rule_of, project.budgets) if rule.applies_to(provider))
 
 
+def _access(
+    ctx: Context,
+    project: Project,
+    integration: Integration | None,
+    provider: str,
+    *,
+    token_hash: str = "",
+    token_expires_at: datetime | None = None,
+) -> Access:
+    return Access(
+        project_id=project.id,
+        token_hash=token_hash,
+        token_expires_at=token_expires_at,
+        rate_limit_per_minute=project.rate_limit_per_minute,
+        budgets=_budgets_for(project, provider),
+        integration=None if integration is None else resolved_integration(ctx, integration),
+        allowed_origins=frozenset(project.allowed_origins),
+        subject_rate_limit_per_minute=project.subject_rate_limit_per_minute,
+    )
+
+
 async def resolve_access(ctx: Context, *, token: str, provider: str) -> Access | None:
     """The access this token grants to `provider`; None when the token is unknown, expired or revoked."""
     if not token.startswith(PROJECT_TOKEN_PREFIX):
         return None
-    token_hash = hash_token(token)
+    return await resolve_hashed(ctx, token_hash=hash_token(token), provider=provider)
+
+
+async def resolve_hashed(ctx: Context, *, token_hash: str, provider: str) -> Access | None:
+    """`resolve_access` for the project token of this hash: a client token's minting token."""
     key = (token_hash, provider)
     cache = ctx.access
     cached: object
@@ -103,6 +153,68 @@ async def resolve_access(ctx: Context, *, token: str, provider: str) -> Access |
     return cached
 
 
+async def resolve_for_project(ctx: Context, *, project_id: str, provider: str) -> Access | None:
+    """The access an identity token grants: its project's, with no project token involved (None: project gone)."""
+    key = (_PROJECT_KEY + project_id, provider)
+    cache = ctx.access
+    if cache.stale_after is None or time.monotonic() <= cache.stale_after:
+        cached = cache.entries.get(key)
+        if cached is not None:
+            _HITS.inc()
+            return cached if isinstance(cached, Access) else None
+    _MISSES.inc()
+
+    async def lookup(generation: int) -> Access | None:
+        async with ctx.database.transaction(write=False) as repo:
+            found = await repo.resolve_project(project_id=project_id, provider=provider)
+        access = None if found is None else _access(ctx, found[0], found[1], provider)
+        cache.store(key, access or _GONE, generation=generation)
+        return access
+
+    access: Access | None = await _shared(ctx, key, lookup)
+    return access
+
+
+async def directory(ctx: Context) -> Directory:
+    """Every project's origins and identity providers, read once per change (one query)."""
+    cache = ctx.access
+    found = cache.entries.get(_DIRECTORY_KEY)
+    if isinstance(found, Directory) and (cache.stale_after is None or time.monotonic() <= cache.stale_after):
+        return found
+
+    async def lookup(generation: int) -> Directory:
+        async with ctx.database.transaction(write=False) as repo:
+            rows = await repo.project_directory()
+        origins: set[str] = set()
+        identities: dict[tuple[str, str], tuple[str, IdentityProvider]] = {}
+        for project_id, allowed, trusted in rows:
+            origins.update(allowed)
+            if trusted:
+                provider = IdentityProvider(**trusted)
+                identities[(provider.issuer, provider.audience)] = (project_id, provider)
+        read = Directory(origins=frozenset(origins), identities=identities)
+        cache.store(_DIRECTORY_KEY, read, generation=generation)
+        return read
+
+    result: Directory = await _shared(ctx, _DIRECTORY_KEY, lookup)
+    return result
+
+
+async def _shared(ctx: Context, key: tuple[str, str], load: Callable[[int], Awaitable[Any]]) -> Any:
+    """Run `load` once for every request that misses `key` at once (see _shared_lookup)."""
+    cache = ctx.access
+    generation = cache.generation
+    loading_key = (key[0], key[1], generation)
+    task = cache.loading.get(loading_key)
+    if task is None:
+        task = cache.loading[loading_key] = asyncio.ensure_future(load(generation))
+        task.add_done_callback(lambda finished: _forget(cache.loading, loading_key, finished))
+    done, _ = await asyncio.wait({task}, timeout=LOOKUP_TIMEOUT_SECONDS)
+    if not done:
+        raise StorageUnavailable("the database did not answer the lookup in time")
+    return task.result()
+
+
 async def _shared_lookup(ctx: Context, *, token_hash: str, provider: str) -> Access | None:
     """Look up, open and cache one entry, once for every request that misses it at once; waited for at most
     LOOKUP_TIMEOUT_SECONDS, so a database that hangs turns into a quick 503 rather than a pile of requests.
@@ -111,34 +223,25 @@ async def _shared_lookup(ctx: Context, *, token_hash: str, provider: str) -> Acc
     waits on that connection again (to roll back). A change starts a new generation, so a request that starts
     after a change never joins a lookup that began before it."""
     cache = ctx.access
-    generation = cache.generation
-    key = (token_hash, provider, generation)
-    task = cache.loading.get(key)
-    if task is None:
 
-        async def lookup() -> Access | None:
-            async with ctx.database.transaction(write=False) as repo:
-                row = await repo.resolve(token_hash=token_hash, provider=provider)
-            if row.token is None:
-                cache.store_unknown(token_hash, generation=generation)
-                return None
-            access = Access(
-                project_id=row.token.project_id,
-                token_hash=token_hash,
-                token_expires_at=row.token.expires_at,
-                rate_limit_per_minute=row.project.rate_limit_per_minute if row.project else None,
-                budgets=_budgets_for(row.project, provider),
-                integration=None if row.integration is None else resolved_integration(ctx, row.integration),
-            )
-            cache.store((token_hash, provider), access, generation=generation)
-            return access
+    async def lookup(generation: int) -> Access | None:
+        async with ctx.database.transaction(write=False) as repo:
+            row = await repo.resolve(token_hash=token_hash, provider=provider)
+        if row.token is None or row.project is None:  # (a token always has its project)
+            cache.store_unknown(token_hash, generation=generation)
+            return None
+        access = _access(
+            ctx,
+            row.project,
+            row.integration,
+            provider,
+            token_hash=token_hash,
+            token_expires_at=row.token.expires_at,
+        )
+        cache.store((token_hash, provider), access, generation=generation)
+        return access
 
-        task = cache.loading[key] = asyncio.ensure_future(lookup())
-        task.add_done_callback(lambda finished: _forget(cache.loading, key, finished))
-    done, _ = await asyncio.wait({task}, timeout=LOOKUP_TIMEOUT_SECONDS)
-    if not done:
-        raise StorageUnavailable("the database did not answer the lookup in time")
-    access: Access | None = task.result()
+    access: Access | None = await _shared(ctx, (token_hash, provider), lookup)
     return access
 
 

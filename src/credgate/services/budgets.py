@@ -34,6 +34,7 @@ def rule_of(budget: Budget) -> BudgetRule:
         amount=budget.amount,
         provider=budget.provider,
         reserve=budget.reserve,
+        per_subject=budget.per_subject,
     )
 
 
@@ -124,11 +125,13 @@ async def add_budget(
     provider: str | None = None,
     thresholds: Sequence[object] = (80, 100),
     reserve: object = None,
+    per_subject: bool = False,
     actor: str,
 ) -> Budget:
     """A budget; an event is raised when its spend crosses each of `thresholds` (percentages of the limit). A
     tokens or cost budget may hold `reserve` (tokens, or dollars) per request from admission to settlement, so
-    that calls in flight cannot together spend past it by more than what each spends over its reserve."""
+    that calls in flight cannot together spend past it by more than what each spends over its reserve.
+    `per_subject`: the limit holds for each end user (a client or identity token's subject) apart."""
     if metric not in METRICS:
         raise InvalidInput("metric", "must be requests, tokens or cost")
     amount, period, alerts = _amount(metric, limit), _period(period), _thresholds(thresholds)
@@ -149,6 +152,7 @@ async def add_budget(
             amount=amount,
             reserve=held,
             thresholds=alerts,
+            per_subject=per_subject is True,
             created_at=now,
             updated_at=now,
         )
@@ -216,7 +220,9 @@ async def list_budgets(ctx: Context, *, project_id: str) -> list[BudgetState]:
 async def spent_since(ctx: Context, project_id: str, rule: BudgetRule, since: datetime) -> int:
     """What a budget has spent since `since`, from the request log: where its counters start from (a `Seed`)."""
     async with ctx.database.transaction(write=False) as repo:
-        return await repo.spent(project_id, metric=rule.metric, provider=rule.provider, since=since)
+        return await repo.spent(
+            project_id, metric=rule.metric, provider=rule.provider, since=since, subject=rule.subject
+        )
 
 
 def _price_line(index: int, line: object) -> dict[str, Any]:

@@ -384,6 +384,8 @@ async def scan(ctx: Context) -> ScanReport:
 async def _thresholds_crossed(repo: Repository, now: datetime) -> list[_Noticed]:
     noticed = []
     for budget in await repo.list_all_budgets():
+        if budget.per_subject:
+            continue  # an end user's spend is not the project's: no event per user (they would flood a receiver)
         start = rule_of(budget).window(now)[0]
         spent = await repo.spent(budget.project_id, metric=budget.metric, provider=budget.provider, since=start)
         for percent in sorted(budget.thresholds):

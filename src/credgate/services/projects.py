@@ -6,9 +6,10 @@ from datetime import timedelta
 from types import EllipsisType
 
 from credgate.crypto import generate_token, hash_token
-from credgate.errors import NotFound
+from credgate.errors import Conflict, NotFound
 from credgate.limits import ExpiresInSeconds, GraceSeconds, KeyMaxAgeDays, Name, RateLimitPerMinute, within
 from credgate.services.context import Context, new_id, plausible_id
+from credgate.specs import IdentityProviderSpec, Origins
 from credgate.storage import Repository
 from credgate.storage.models import Project, ProjectToken
 
@@ -75,6 +76,9 @@ class ProjectChanges:
     name: str | None = None
     rate_limit_per_minute: int | EllipsisType | None = ...
     key_max_age_days: int | EllipsisType | None = ...  # keys older than this are flagged; None: no policy
+    allowed_origins: Sequence[str] | None = None  # replaces the list; None leaves it
+    subject_rate_limit_per_minute: int | EllipsisType | None = ...  # each end user's; None turns it off
+    identity_provider: IdentityProviderSpec | EllipsisType | None = ...  # None: trust none
 
 
 async def update_project(ctx: Context, *, project_id: str, changes: ProjectChanges, actor: str) -> Project:
@@ -84,8 +88,22 @@ async def update_project(ctx: Context, *, project_id: str, changes: ProjectChang
         within("rate_limit_per_minute", RateLimitPerMinute, changes.rate_limit_per_minute)
     if changes.key_max_age_days is not None and not isinstance(changes.key_max_age_days, EllipsisType):
         within("key_max_age_days", KeyMaxAgeDays, changes.key_max_age_days)
+    subject_limit = changes.subject_rate_limit_per_minute
+    if subject_limit is not None and not isinstance(subject_limit, EllipsisType):
+        within("subject_rate_limit_per_minute", RateLimitPerMinute, subject_limit)
+    origins = None if changes.allowed_origins is None else _origins(changes.allowed_origins)
+    trusted = changes.identity_provider
     async with ctx.change(actor=actor, action="project.update", project_id=project_id) as repo:
         project = await require_project(repo, project_id)
+        if origins is not None:
+            project.allowed_origins = origins
+        if not isinstance(subject_limit, EllipsisType):
+            project.subject_rate_limit_per_minute = subject_limit
+        if isinstance(trusted, IdentityProviderSpec):
+            await _check_identity_unclaimed(repo, trusted, project_id)
+            project.identity_provider = trusted.model_dump()
+        elif trusted is None:
+            project.identity_provider = None
         if changes.name is not None:
             project.name = changes.name
         if not isinstance(changes.rate_limit_per_minute, EllipsisType):
@@ -94,6 +112,22 @@ async def update_project(ctx: Context, *, project_id: str, changes: ProjectChang
             project.key_max_age_days = changes.key_max_age_days
         project.updated_at = ctx.clock()
     return project
+
+
+def _origins(origins: Sequence[str]) -> list[str]:
+    """Normalised as browsers send them, duplicates dropped, in the order given."""
+    return list(dict.fromkeys(within("allowed_origins", Origins, list(origins))))
+
+
+async def _check_identity_unclaimed(repo: Repository, trusted: IdentityProviderSpec, project_id: str) -> None:
+    # An identity token names no project: its issuer and audience find it, so they may find only one.
+    for other_id, _, other in await repo.project_directory():
+        if (
+            other
+            and other_id != project_id
+            and (other["issuer"], other["audience"]) == (trusted.issuer, trusted.audience)
+        ):
+            raise Conflict(f"project {other_id} already trusts this issuer for this audience")
 
 
 async def delete_project(ctx: Context, *, project_id: str, actor: str) -> None:

@@ -61,6 +61,7 @@ class ProxiedRequest:
     prices: tuple[Price, ...] = ()  # the integration's price list, for the response's cost
     budgets: tuple[BudgetRule, ...] = ()  # the budgets that admitted it: settled from its usage
     admitted: bool = False  # it passed every check: sent (or about to be sent) upstream
+    subject: str | None = None  # the end user of a client or identity token
 
     def start_response(self, status: int, content_type: str, content_encoding: str) -> None:
         self.status = status
@@ -215,6 +216,7 @@ def _record_of(request: ProxiedRequest) -> dict[str, Any]:
         model=model,
         cost_micros=cost,
         admitted=request.admitted,
+        subject=request.subject,
     )
 
 
@@ -302,7 +304,7 @@ class UsageRecorder:
     def _tokens_to_touch(self, batch: Sequence[ProxiedRequest]) -> list[str]:
         now = self._ctx.clock()
         touched = []
-        for token_hash in {request.token_hash for request in batch}:
+        for token_hash in {request.token_hash for request in batch if request.token_hash}:
             last = self._token_touched.get(token_hash)
             if last is None or now - last > _TOKEN_TOUCH_RESOLUTION:
                 self._token_touched[token_hash] = now

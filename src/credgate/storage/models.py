@@ -68,6 +68,12 @@ class Project(Base):
     rate_limit_per_minute: Mapped[int | None]
     # Keys whose secret is older than this are flagged (panel, metric, an event); None: no policy.
     key_max_age_days: Mapped[int | None]
+    # The web origins whose pages may call the proxy (CORS), each `scheme://host[:port]`.
+    allowed_origins: Mapped[list[Any]] = mapped_column(default=list)
+    # The identity provider whose end-user tokens (JWTs) the proxy accepts: {"jwks_url", "issuer", "audience"}.
+    identity_provider: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
+    # The rate limit of each end user (a client token's or an identity token's subject), apart from the project's.
+    subject_rate_limit_per_minute: Mapped[int | None]
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
 
@@ -194,6 +200,8 @@ class Budget(Base):
     # Tokens or micro-dollars held per request from its admission until its usage is known (0: none).
     reserve: Mapped[int] = mapped_column(BigInteger, default=0, server_default=text("0"))
     thresholds: Mapped[list[Any]] = mapped_column(default=lambda: [80, 100])  # percents that raise an event
+    # Counted for each end user (subject) apart, rather than for the project; requests without one are not counted.
+    per_subject: Mapped[bool] = mapped_column(default=False, server_default=text("false"))
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
 
@@ -264,7 +272,10 @@ class RequestRecord(Base):
     """One proxied request, for the project's request log and usage; bodies are never recorded."""
 
     __tablename__ = "request_records"
-    __table_args__ = (Index("ix_request_records_project_at", "project_id", "at"),)
+    __table_args__ = (
+        Index("ix_request_records_project_at", "project_id", "at"),
+        Index("ix_request_records_project_subject_at", "project_id", "subject", "at"),
+    )
     id: Mapped[int] = mapped_column(primary_key=True, autoincrement=True)
     at: Mapped[datetime]
     project_id: Mapped[str] = mapped_column(String(32))
@@ -282,6 +293,7 @@ class RequestRecord(Base):
     cost_micros: Mapped[int | None] = mapped_column(BigInteger)  # priced by the integration's list, in µUSD
     # Passed every check of the gateway's (token, allow-list, rate limit, budgets): what a requests budget counts.
     admitted: Mapped[bool | None]
+    subject: Mapped[str | None] = mapped_column(String(200))  # the end user, for a client or identity token
 
 
 class AdminSession(Base):

@@ -10,6 +10,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import aliased, joinedload, raiseload, selectinload
 
+from credgate.limits import MAX_LISTED
 from credgate.storage.models import (
     AdminSession,
     AdminToken,
@@ -128,6 +129,22 @@ class Repository:
             return ResolvedRow(token=None, integration=None)
         return ResolvedRow(token=row[0], integration=row[1], project=row[2])
 
+    async def resolve_project(self, *, project_id: str, provider: str) -> tuple[Project, Integration | None] | None:
+        """A project and its integration for `provider`, in one query (the proxy's lookup for identity tokens)."""
+        statement = (
+            select(Project, Integration)
+            .outerjoin(Integration, (Integration.project_id == Project.id) & (Integration.provider == provider))
+            .where(Project.id == project_id)
+            .options(joinedload(Integration.keys), joinedload(Project.budgets))
+        )
+        row = (await self._session.execute(statement)).unique().one_or_none()
+        return None if row is None else (row[0], row[1])
+
+    async def project_directory(self) -> Sequence[tuple[str, list[Any], dict[str, Any] | None]]:
+        """Every project's id, allowed origins and identity provider: what a request without a token needs."""
+        statement = select(Project.id, Project.allowed_origins, Project.identity_provider)
+        return [(row[0], row[1], row[2]) for row in await self._session.execute(statement)]
+
     # admin tokens and users
 
     async def find_admin_token(self, token_hash: str) -> AdminToken | None:
@@ -227,11 +244,13 @@ class Repository:
     async def usage_totals(
         self, project_id: str, *, since: datetime, until: datetime, group_by: str | None
     ) -> Sequence[UsageRow]:
-        """Requests, errors and tokens of a project in [since, until), grouped by provider or day (or not)."""
+        """Requests, errors and tokens of a project in [since, until), grouped by provider, day or end user (or
+        not); by end user, the MAX_LISTED busiest ("": requests made without one)."""
         group: Any = {
             None: literal(""),
             "provider": RequestRecord.provider,
             "day": func.date(RequestRecord.at),
+            "subject": func.coalesce(RequestRecord.subject, ""),
         }[group_by]
         statement = (
             select(
@@ -243,16 +262,21 @@ class Repository:
             )
             .where(RequestRecord.project_id == project_id, RequestRecord.at >= since, RequestRecord.at < until)
             .group_by(group)
-            .order_by(group)
+            .order_by(func.count().desc(), group)
+            .limit(MAX_LISTED)
         )
+        if group_by != "subject":
+            statement = statement.order_by(None).order_by(group).limit(None)
         return [
             UsageRow(str(row[0]), int(row[1]), int(row[2] or 0), int(row[3] or 0), int(row[4] or 0))
             for row in (await self._session.execute(statement)).all()
         ]
 
-    async def spent(self, project_id: str, *, metric: str, provider: str | None, since: datetime) -> int:
+    async def spent(
+        self, project_id: str, *, metric: str, provider: str | None, since: datetime, subject: str | None = None
+    ) -> int:
         """What the request log says a project spent since `since`: requests (those that passed every check),
-        tokens or cost (micro-dollars), of one provider or all."""
+        tokens or cost (micro-dollars), of one provider or all, of one end user or all."""
         measure: Any = {
             "requests": func.count(),
             "tokens": func.sum(
@@ -265,6 +289,8 @@ class Repository:
             statement = statement.where(RequestRecord.admitted.is_(True))
         if provider is not None:
             statement = statement.where(RequestRecord.provider == provider)
+        if subject is not None:
+            statement = statement.where(RequestRecord.subject == subject)
         return int((await self._session.execute(statement)).scalar_one() or 0)
 
     async def delete_request_records(self, *, before: datetime) -> None:
