@@ -6,10 +6,18 @@ from datetime import timedelta
 from types import EllipsisType
 
 from credgate.crypto import generate_token, hash_token
-from credgate.errors import Conflict, NotFound
-from credgate.limits import ExpiresInSeconds, GraceSeconds, KeyMaxAgeDays, Name, RateLimitPerMinute, within
+from credgate.errors import Conflict, InvalidInput, NotFound
+from credgate.limits import (
+    MAX_ALLOWED_ORIGINS,
+    ExpiresInSeconds,
+    GraceSeconds,
+    KeyMaxAgeDays,
+    Name,
+    RateLimitPerMinute,
+    within,
+)
 from credgate.services.context import Context, new_id, plausible_id
-from credgate.specs import IdentityProviderSpec, Origins
+from credgate.specs import IdentityProviderSpec, Origin
 from credgate.storage import Repository
 from credgate.storage.models import Project, ProjectToken
 
@@ -116,7 +124,10 @@ async def update_project(ctx: Context, *, project_id: str, changes: ProjectChang
 
 def _origins(origins: Sequence[str]) -> list[str]:
     """Normalised as browsers send them, duplicates dropped, in the order given."""
-    return list(dict.fromkeys(within("allowed_origins", Origins, list(origins))))
+    if len(origins) > MAX_ALLOWED_ORIGINS:
+        raise InvalidInput("allowed_origins", f"must be a list of at most {MAX_ALLOWED_ORIGINS} origins")
+    normalised = (within(f"allowed_origins.{index}", Origin, origin) for index, origin in enumerate(origins))
+    return list(dict.fromkeys(normalised))
 
 
 async def _check_identity_unclaimed(repo: Repository, trusted: IdentityProviderSpec, project_id: str) -> None:
