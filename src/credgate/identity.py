@@ -172,10 +172,13 @@ class IdentityVerifier:
         now = self._clock()
         wanted = not self._is_fresh(cached, now) or cached.find(kid) is None
         # Rotation refetches at once, but at most once per min_refetch_seconds: made-up kids cannot hammer the
-        # identity provider. A fetch already in flight is joined rather than counted.
+        # identity provider. A fetch already in flight is joined rather than counted. The first fetch does not
+        # count: a key published just after it (a rotation) is found at its first use.
         may_fetch = url in self._fetches or now - self._last_fetch_at.get(url, -math.inf) >= self._min_refetch
         if not (wanted and may_fetch):
             return cached
+        if url not in self._fetches:
+            self._last_fetch_at[url] = now
         try:
             return await self._refresh(url)
         except IdentityUnavailable:
@@ -184,7 +187,6 @@ class IdentityVerifier:
     async def _refresh(self, url: str) -> _KeySet:
         task = self._fetches.get(url)
         if task is None:
-            self._last_fetch_at[url] = self._clock()
             task = asyncio.create_task(self._fetch_keys(url))
             self._fetches[url] = task
             task.add_done_callback(functools.partial(self._forget_fetch, url))
