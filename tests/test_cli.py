@@ -342,3 +342,50 @@ def test_webhooks_key_promotion_and_the_key_age_policy_are_managed_from_the_cli(
     for result in (added, listed, promoted):
         assert KEY not in result.output
         assert ROTATED_KEY not in result.output
+
+
+def test_browser_and_end_user_settings(credgate: Any) -> None:
+    project = project_id(credgate)
+    result = credgate(
+        "projects",
+        "update",
+        project,
+        "--allowed-origin",
+        "https://App.example",
+        "--allowed-origin",
+        "http://localhost:5173",
+        "--subject-rate-limit",
+        "20",
+        "--identity-jwks-url",
+        "https://auth.example/jwks.json",
+        "--identity-issuer",
+        "https://auth.example/",
+        "--identity-audience",
+        "app",
+    )
+    assert result.exit_code == 0, result.output
+    shown = json.loads(result.output)
+    assert shown["allowed_origins"] == ["https://app.example", "http://localhost:5173"]
+    assert shown["subject_rate_limit_per_minute"] == 20
+    assert shown["identity_provider"]["audience"] == "app"
+
+    partial = credgate("projects", "update", project, "--identity-issuer", "https://auth.example/")
+    assert partial.exit_code == 2
+    assert "go together" in partial.output
+    bad = credgate("projects", "update", project, "--allowed-origin", "https://app.example/path")
+    assert bad.exit_code == 2
+    assert "allowed_origins.0" in bad.output
+
+    cleared = credgate(
+        "projects", "update", project, "--no-allowed-origins", "--no-subject-rate-limit", "--no-identity-provider"
+    )
+    assert cleared.exit_code == 0, cleared.output
+    shown = json.loads(cleared.output)
+    assert shown["allowed_origins"] == []
+    assert shown["subject_rate_limit_per_minute"] is None
+    assert shown["identity_provider"] is None
+    per_user = credgate(
+        "budgets", "add", project, "--metric", "requests", "--limit", "5", "--period", "day", "--per-subject"
+    )
+    assert per_user.exit_code == 0, per_user.output
+    assert json.loads(per_user.output)["per_subject"] is True
