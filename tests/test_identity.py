@@ -447,12 +447,17 @@ async def test_a_cancelled_waiter_does_not_cancel_the_shared_fetch() -> None:
     assert jwks.fetches == 1
 
 
-async def test_without_keys_a_failed_fetch_is_unavailable_and_retried_next_time() -> None:
-    jwks = Jwks(failing=True)
-    identity = verifier(jwks)
+async def test_without_keys_a_failed_fetch_is_unavailable_and_retried_once_the_wait_is_over() -> None:
+    jwks, clock = Jwks(failing=True), Clock()
+    identity = verifier(jwks, clock, min_refetch_seconds=30)
     with pytest.raises(IdentityUnavailable):
         await identity.subject(RS.sign(), PROVIDER)
     jwks.failing = False
+    for _ in range(5):  # tokens naming an unreachable provider do not become a stream of fetches
+        with pytest.raises(IdentityUnavailable):
+            await identity.subject(RS.sign(), PROVIDER)
+    assert jwks.fetches == 1
+    clock.now += 31
     assert await identity.subject(RS.sign(), PROVIDER) == SUBJECT
     assert jwks.fetches == 2
 

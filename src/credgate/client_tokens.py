@@ -10,6 +10,7 @@ minted it; the proxy looks that hash up as it would the project token itself, so
 import base64
 import binascii
 import json
+import re
 from dataclasses import dataclass
 
 from credgate.crypto import KeyRing
@@ -20,7 +21,10 @@ CLIENT_TOKEN_PREFIX = "cgc_"  # noqa: S105 - a public prefix, not a secret
 DEFAULT_TTL_SECONDS = 900
 MAX_TTL_SECONDS = 86_400
 _PURPOSE = b"client token"
-_MAX_TOKEN_LENGTH = 16_384  # far above what the scope limits allow: a longer value is not ours
+# Headers are bounded too (CREDGATE_MAX_HEADER_BYTES): minting refuses a scope that would not fit (TooLarge).
+MAX_TOKEN_LENGTH = 4096
+_BASE64URL = re.compile(r"[A-Za-z0-9_-]*")
+_TAG_LENGTH = 48  # 36 bytes (key id and HMAC-SHA256), base64url
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +51,10 @@ class ClientGrant:
         return self.origins is None or origin in self.origins
 
 
+class TooLarge(ValueError):
+    """The grant's scope does not fit in a token a client can send."""
+
+
 def mint(keyring: KeyRing, grant: ClientGrant) -> str:
     claims: dict[str, object] = {"p": grant.project_id, "m": grant.minted_by, "x": grant.expires_at}
     if grant.subject is not None:
@@ -59,21 +67,28 @@ def mint(keyring: KeyRing, grant: ClientGrant) -> str:
         claims["o"] = sorted(grant.origins)
     payload = _encode(json.dumps(claims, separators=(",", ":")).encode())
     signed = CLIENT_TOKEN_PREFIX + payload
-    return f"{signed}.{_encode(keyring.tag(signed.encode(), purpose=_PURPOSE))}"
+    token = f"{signed}.{_encode(keyring.tag(signed.encode(), purpose=_PURPOSE))}"
+    if len(token) > MAX_TOKEN_LENGTH:
+        raise TooLarge(f"the scope makes a token over {MAX_TOKEN_LENGTH} characters; name fewer endpoints or origins")
+    return token
 
 
 def read(keyring: KeyRing, token: str) -> ClientGrant | None:
     """The grant of a token this gateway minted; None for anything else (malformed, forged, altered). Whether
     it has expired is the caller's question, asked on every use."""
-    if len(token) > _MAX_TOKEN_LENGTH:
+    if len(token) > MAX_TOKEN_LENGTH:
         return None
     signed, dot, tag = token.rpartition(".")
-    if not dot or not signed.startswith(CLIENT_TOKEN_PREFIX):
+    payload = signed[len(CLIENT_TOKEN_PREFIX) :]
+    # Exactly as minted, or nothing: a lenient decoder would take many spellings of one token.
+    if not dot or not signed.startswith(CLIENT_TOKEN_PREFIX) or len(tag) != _TAG_LENGTH:
+        return None
+    if not _BASE64URL.fullmatch(payload) or not _BASE64URL.fullmatch(tag) or _encode(_decode(payload)) != payload:
         return None
     try:
         if not keyring.check_tag(signed.encode(), _decode(tag), purpose=_PURPOSE):
             return None
-        claims = json.loads(_decode(signed[len(CLIENT_TOKEN_PREFIX) :]))
+        claims = json.loads(_decode(payload))
         providers, endpoints, origins = claims.get("v"), claims.get("e"), claims.get("o")
         return ClientGrant(
             project_id=claims["p"],

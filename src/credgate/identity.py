@@ -124,6 +124,7 @@ class IdentityVerifier:
         self._key_sets: dict[str, _KeySet] = {}
         self._fetches: dict[str, asyncio.Task[_KeySet]] = {}  # in flight, shared by every waiter (single flight)
         self._last_fetch_at: dict[str, float] = {}
+        self._failed_at: dict[str, float] = {}  # the last failed fetch of a provider whose keys were never fetched
         self._remembered: dict[tuple[str, IdentityProvider], _Remembered] = {}
 
     async def subject(self, token: str, provider: IdentityProvider) -> str:
@@ -168,6 +169,11 @@ class IdentityVerifier:
     async def _keys_for(self, url: str, kid: str | None) -> _KeySet:
         cached = self._key_sets.get(url)
         if cached is None:
+            # A provider that could not be reached is asked again at most once per min_refetch_seconds: tokens
+            # that name it (their iss and aud are public) must not become a stream of outbound fetches.
+            failed_at = self._failed_at.get(url)
+            if url not in self._fetches and failed_at is not None and self._clock() - failed_at < self._min_refetch:
+                raise IdentityUnavailable("identity provider unavailable")
             return await self._refresh(url)
         now = self._clock()
         wanted = not self._is_fresh(cached, now) or cached.find(kid) is None
@@ -204,14 +210,22 @@ class IdentityVerifier:
             body = await self._fetch(url)
         except Exception as error:  # the fetch's contract: it raises on any failure, of whatever kind
             _log.warning("identity provider keys not fetched from %s: %s", url, type(error).__name__)
+            self._note_failure(url)
             raise IdentityUnavailable("identity provider unavailable") from error
         try:
             keys = _parse_key_set(body, fetched_at=self._clock())
         except ValueError as error:
             _log.warning("identity provider keys from %s refused: %s", url, error)
+            self._note_failure(url)
             raise IdentityUnavailable("identity provider unavailable") from error
         self._key_sets[url] = keys
+        self._failed_at.pop(url, None)
         return keys
+
+    def _note_failure(self, url: str) -> None:
+        if len(self._failed_at) >= _MAX_KEYS * 100:
+            self._failed_at.clear()
+        self._failed_at[url] = self._clock()
 
 
 def _signing_header(token: str) -> tuple[str, str | None]:
@@ -265,8 +279,16 @@ def _checked_subject(claims: dict[str, Any]) -> str:
     subject = claims.get("sub")
     if not isinstance(subject, str) or not subject:
         raise IdentityRefused("no subject")
+    try:
+        return check_subject(subject)
+    except ValueError:
+        raise IdentityRefused("bad subject") from None
+
+
+def check_subject(subject: str) -> str:
+    """An end user's id as credgate records it, whoever names it (an identity token, a client token's minter)."""
     if len(subject) > MAX_SUBJECT_LENGTH or any(unicodedata.category(c) in _UNSAFE_CATEGORIES for c in subject):
-        raise IdentityRefused("bad subject")
+        raise ValueError(f"must be at most {MAX_SUBJECT_LENGTH} characters, without control or invisible ones")
     return subject
 
 

@@ -74,10 +74,21 @@ class Runtime:
         session = self._given_session or create_http_session(allow_private_upstreams=settings.allow_private_upstreams)
         shared = None if ctx.fleet is None else SharedRateLimiter(ctx.fleet, RateLimiter())
         rate_limits = shared or RateLimiter()
+        subject_shared = None if ctx.fleet is None else SharedRateLimiter(ctx.fleet, RateLimiter())
+        subject_limits = subject_shared or RateLimiter()
         seed = functools.partial(spent_since, ctx)
         budgets = LocalBudgets(seed) if ctx.fleet is None else SharedBudgets(ctx.fleet, LocalBudgets(seed), seed)
         recorder = UsageRecorder(ctx, retention=timedelta(days=settings.request_log_days))
-        proxy = ProxyApp(ctx, settings, session, recorder, rate_limits=rate_limits, budgets=budgets, tracing=tracing)
+        proxy = ProxyApp(
+            ctx,
+            settings,
+            session,
+            recorder,
+            rate_limits=rate_limits,
+            subject_limits=subject_limits,
+            budgets=budgets,
+            tracing=tracing,
+        )
         self._context, self.proxy = ctx, proxy
         # The objects of start-up (modules, the ORM's and pydantic's) live as long as the process: out of the
         # collector's way, a full collection under load takes a fraction of the time.
@@ -108,8 +119,9 @@ class Runtime:
             await asyncio.gather(*tasks, return_exceptions=True)
             if tracing is not None:  # after the recorder's last flush, which ends the spans that waited for tokens
                 await asyncio.to_thread(tracing.shutdown)
-            if shared is not None:
-                await shared.aclose()
+            for limiter in (shared, subject_shared):
+                if limiter is not None:
+                    await limiter.aclose()
             if isinstance(budgets, SharedBudgets):  # after the recorder's last flush, which settles
                 await budgets.aclose()
             await proxy.upstreams.close()  # the sessions of integrations' exceptions, always the proxy's own

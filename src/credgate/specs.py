@@ -105,7 +105,13 @@ def normalize_origin(origin: str) -> str:
         raise ValueError("must be scheme://host[:port] alone, with no path")
     if parts.query or parts.fragment or origin.strip().endswith(("?", "#")) or port == 0:
         raise ValueError("must be scheme://host[:port] alone, with no path")
-    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    host = parts.hostname
+    if not host.isascii():  # browsers send an internationalised name in its ASCII (punycode) form
+        try:
+            host = host.encode("idna").decode("ascii")
+        except UnicodeError:
+            raise ValueError("is not a valid origin") from None
+    host = f"[{host}]" if ":" in host else host
     default_port = 443 if parts.scheme == "https" else 80
     return f"{parts.scheme}://{host}" + ("" if port in (None, default_port) else f":{port}")
 

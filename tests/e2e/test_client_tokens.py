@@ -205,6 +205,17 @@ async def test_a_scope_outside_the_projects_is_refused_with_the_field_named(
     assert refused.json()["error"]["message"].startswith(f"{field}: ")
 
 
+async def test_a_scope_too_large_for_a_header_is_refused_when_minted(gateway_url: str, project: Project) -> None:
+    endpoints = [{"method": "POST", "path": f"v1/endpoint-{index}/**"} for index in range(300)]
+    refused = await mint(gateway_url, project.token, endpoints=endpoints)
+    assert refused.status_code == 422
+    assert refused.json()["error"]["message"].startswith("endpoints: the scope makes a token over 4096 characters")
+
+
+async def test_an_unknown_token_is_told_401_before_its_body_is_judged(gateway_url: str) -> None:
+    assert (await mint(gateway_url, "cgp_unknown", ttl_seconds=0)).status_code == 401
+
+
 async def test_a_body_that_is_not_json_is_refused(gateway_url: str, project: Project) -> None:
     async with httpx.AsyncClient(base_url=gateway_url) as client:
         refused = await client.post(
@@ -220,6 +231,10 @@ async def test_an_altered_or_forged_token_is_refused(gateway_url: str, project: 
     assert (await call(gateway_url, tampered)).status_code == 401
     assert (await call(gateway_url, payload + ".")).status_code == 401
     assert (await call(gateway_url, "cgc_e30." + tag)).status_code == 401
+    # Other spellings of the same bytes are not the token: a lenient decoder would take each as a new one.
+    for spelling in (token + "!!", token + "==", f"{payload}.{tag[:10]}~~{tag[10:]}", f"{payload}=.{tag}"):
+        assert (await call(gateway_url, spelling)).status_code == 401
+    assert (await call(gateway_url, token)).status_code == 403  # the token itself: valid, but scoped elsewhere
 
 
 async def test_each_end_user_has_a_rate_limit_of_their_own(gateway_url: str, ctx: Context, project: Project) -> None:
@@ -239,6 +254,19 @@ async def test_each_end_user_has_a_rate_limit_of_their_own(gateway_url: str, ctx
     assert (await call(gateway_url, project.token)).status_code == 200  # the project's own calls: no end user
 
 
+async def test_an_end_user_over_their_limit_does_not_spend_the_projects(
+    gateway_url: str, ctx: Context, project: Project
+) -> None:
+    changes = ProjectChanges(subject_rate_limit_per_minute=1, rate_limit_per_minute=3)
+    await projects.update_project(ctx, project_id=project.id, changes=changes, actor="t")
+    alice = await minted(gateway_url, project, subject="alice")
+
+    assert [(await call(gateway_url, alice)).status_code for _ in range(6)] == [200, 429, 429, 429, 429, 429]
+    bob = await minted(gateway_url, project, subject="bob")
+    assert (await call(gateway_url, bob)).status_code == 200
+    assert (await call(gateway_url, project.token)).status_code == 200  # 3 of the project's 3: alice spent one
+
+
 async def test_a_per_subject_budget_holds_for_each_end_user_apart(
     gateway_url: str, ctx: Context, project: Project
 ) -> None:
@@ -253,6 +281,9 @@ async def test_a_per_subject_budget_holds_for_each_end_user_apart(
     assert "for each end user" in spent.json()["error"]["message"]
     assert (await call(gateway_url, bob)).status_code == 200
     assert [(await call(gateway_url, project.token)).status_code for _ in range(3)] == [200, 200, 200]
+    await records(ctx, project, 7)
+    [state] = await budgets.list_budgets(ctx, project_id=project.id)
+    assert state.spent == 2  # the end user who spent the most: alice
 
 
 async def test_usage_groups_by_end_user(gateway_url: str, ctx: Context, project: Project) -> None:

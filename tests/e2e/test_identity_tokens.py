@@ -20,7 +20,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from jwt.algorithms import ECAlgorithm, RSAAlgorithm
 from prometheus_client import REGISTRY
 
-from credgate.errors import Conflict
+from credgate.errors import Conflict, InvalidInput
 from credgate.services import projects, usage
 from credgate.services.context import Context
 from credgate.services.projects import ProjectChanges
@@ -272,6 +272,28 @@ async def test_an_identity_provider_that_does_not_answer_is_a_503_not_a_401(
     response = await chat(gateway_url, identity.keys[0].sign())
     assert response.status_code == 503
     assert response.headers["x-credgate-error"] == "true"
+    assert project.id not in response.text  # a caller without a valid token learns nothing of any project
+
+
+async def test_a_jwks_url_must_be_https_and_public_without_the_private_upstream_switch(
+    ctx: Context, project: Project
+) -> None:
+    ctx.allow_private_upstreams = False
+    for url in ("http://auth.example/jwks.json", "https://127.0.0.1/jwks.json", "https://169.254.169.254/keys"):
+        provider = IdentityProviderSpec(jwks_url=url, issuer=ISSUER, audience=AUDIENCE)
+        with pytest.raises(InvalidInput) as refused:
+            await projects.update_project(
+                ctx, project_id=project.id, changes=ProjectChanges(identity_provider=provider), actor="t"
+            )
+        assert refused.value.field == "identity_provider.jwks_url"
+
+
+async def test_an_identity_token_beside_a_project_token_is_not_taken_for_it(
+    gateway_url: str, ctx: Context, project: Project, identity: IdentityServer
+) -> None:
+    """A client may carry another service's JWT in Authorization beside its project token."""
+    response = await chat(gateway_url, identity.keys[0].sign(), headers={"x-api-key": project.token})
+    assert response.status_code == 200
 
 
 async def test_an_identity_token_cannot_mint_client_tokens(

@@ -432,3 +432,9 @@ def test_a_method_the_proxy_never_forwards_gets_405_with_allow(method: str) -> N
 @pytest.mark.parametrize("method", ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"])
 def test_forwardable_methods_pass_the_method_check(method: str) -> None:
     check_method(method)
+
+
+def test_a_credgate_token_wins_over_a_jwt_of_another_service() -> None:
+    jwt_like = b"Bearer eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJ4In0.c2ln"
+    assert find_token([(b"authorization", jwt_like), (b"x-api-key", TOKEN.encode())]) == TOKEN
+    assert find_token([(b"authorization", jwt_like)]) == jwt_like[len(b"Bearer ") :].decode()

@@ -546,6 +546,7 @@ class RequestRecordOut(BaseModel):
     completion_tokens: int | None
     model: str | None  # as the response's usage named it
     cost_usd: float | None  # by the integration's price list, where a line priced the model
+    subject: str | None  # the end user of a client or identity token
 
     @classmethod
     def of(cls, record: RequestRecord) -> Self:
@@ -563,6 +564,7 @@ class RequestRecordOut(BaseModel):
             completion_tokens=record.completion_tokens,
             model=record.model,
             cost_usd=None if record.cost_micros is None else record.cost_micros / MICROS_PER_DOLLAR,
+            subject=record.subject,
         )
 
 

@@ -8,7 +8,7 @@ import time
 from datetime import UTC, datetime
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 from starlette.types import Receive, Scope, Send
 
 from credgate import client_tokens, metrics
@@ -24,7 +24,7 @@ from credgate.errors import (
     Unauthorized,
     Unavailable,
 )
-from credgate.identity import MAX_SUBJECT_LENGTH
+from credgate.identity import MAX_SUBJECT_LENGTH, check_subject
 from credgate.limits import MAX_ENDPOINTS, Name
 from credgate.proxy.client import send_error
 from credgate.proxy.plan import find_token
@@ -45,7 +45,7 @@ class MintRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     ttl_seconds: Annotated[int, Field(ge=1, le=MAX_TTL_SECONDS, strict=True)] = DEFAULT_TTL_SECONDS
-    subject: Annotated[Name, Field(max_length=MAX_SUBJECT_LENGTH)] | None = None
+    subject: Annotated[Name, Field(max_length=MAX_SUBJECT_LENGTH), AfterValidator(check_subject)] | None = None
     providers: Annotated[list[ProviderName], Field(max_length=_MAX_PROVIDERS)] | None = None
     endpoints: Annotated[list[Endpoint], Field(max_length=MAX_ENDPOINTS)] | None = None
     origins: Origins | None = None
@@ -73,8 +73,8 @@ class ClientTokenMinter:
         if token.startswith((CLIENT_TOKEN_PREFIX, "eyJ")):
             # A client token, or an end user's, never mints: a leaked one stays as narrow and short as it was.
             raise Forbidden("only a project token can mint client tokens")
-        request = _parse(await _read_body(receive))
         access = await self._access(token, "")
+        request = _parse(await _read_body(receive))
         now = time.time()
         expires_at = int(now) + request.ttl_seconds
         if access.token_expires_at is not None:  # never outlives the token that minted it
@@ -94,7 +94,10 @@ class ClientTokenMinter:
             endpoints=None if request.endpoints is None else tuple(request.endpoints),
             origins=None if request.origins is None else frozenset(request.origins),
         )
-        minted = client_tokens.mint(self.ctx.keyring, grant)
+        try:
+            minted = client_tokens.mint(self.ctx.keyring, grant)
+        except client_tokens.TooLarge as error:
+            raise InvalidInput("endpoints", str(error)) from None
         metrics.client_tokens_minted.labels(access.project_id).inc()
         answer = {"token": minted, "expires_at": datetime.fromtimestamp(expires_at, UTC).isoformat()}
         return 201, json.dumps(answer).encode()

@@ -21,7 +21,7 @@ Headers = list[tuple[bytes, bytes]]
 TOKEN_HEADERS = (b"authorization", b"x-api-key", b"api-key", b"x-goog-api-key", b"xi-api-key")
 _TOKEN_SCHEMES = (b"bearer ", b"token ")
 _AWS_SIGNATURE = b"AWS4-HMAC-SHA256 "
-_TOKEN_PREFIXES = (b"cgp_", b"cgc_", b"eyJ")  # project, client and identity tokens (a JWT's header is `{"…`)
+_TOKEN_PREFIXES = (b"cgp_", b"cgc_")  # project and client tokens; an identity token is a JWT (`eyJ…`, `{"…`)
 # What the proxy forwards at all (README, Proxy); anything else gets 405 with this Allow header.
 FORWARDED_METHODS = frozenset({*specs.METHODS, "HEAD", "OPTIONS"})
 ALLOW_HEADER = ", ".join((*specs.METHODS, "HEAD", "OPTIONS"))
@@ -61,9 +61,11 @@ def check_method(method: str) -> None:
 
 def find_token(headers: Headers) -> str | None:
     """The first credgate token in the headers SDKs use for credentials, with or without a scheme: a project
-    token (`cgp_`), a client token (`cgc_`) or an end user's identity token (a JWT, `eyJ…`). An AWS SDK
+    token (`cgp_`) or a client token (`cgc_`), else an end user's identity token (a JWT, `eyJ…`: a client may
+    send a JWT of another service's beside its credgate token). An AWS SDK
     given the token as its access key id signs with it: the token is then the signature's credential scope's
     first part (`AWS4-HMAC-SHA256 Credential=<token>/<date>/…`); that signature is never checked or relayed."""
+    identity = None
     for name, value in headers:
         if canonical_header(name) in TOKEN_HEADERS:
             lowered = value[:7].lower()
@@ -77,7 +79,9 @@ def find_token(headers: Headers) -> str | None:
             value = value.strip()
             if value.startswith(_TOKEN_PREFIXES):
                 return value.decode("latin-1")
-    return None
+            if identity is None and value.startswith(b"eyJ"):
+                identity = value.decode("latin-1")
+    return identity
 
 
 def split_target(raw_path: bytes) -> tuple[str, str]:

@@ -124,6 +124,7 @@ class ProxyApp:
         recorder: UsageRecorder,
         *,
         rate_limits: RateLimits | None = None,
+        subject_limits: RateLimits | None = None,
         budgets: Budgets | None = None,
         tracing: "Tracing | None" = None,
         max_in_flight: int = 1000,
@@ -137,6 +138,8 @@ class ProxyApp:
         self.max_in_flight = max_in_flight
         self.client_idle_seconds = settings.client_body_timeout_seconds
         self.rate_limits: RateLimits = rate_limits or RateLimiter()
+        # End users' counters apart from the projects': however many end users come, no project's count is lost.
+        self.subject_limits: RateLimits = subject_limits or RateLimiter()
         self.budgets: Budgets = budgets or LocalBudgets(functools.partial(spent_since, ctx))
         recorder.settle = self.budgets.settle
         self.deadlines = Deadlines()
@@ -323,7 +326,7 @@ class ProxyApp:
             metrics.identity_refusals.labels(str(refused).replace(" ", "_")).inc()
             return None, None
         except IdentityUnavailable:
-            raise Unavailable(f"the identity provider of project {project_id} could not be reached") from None
+            raise Unavailable("the identity provider could not be reached; retry later") from None
         return await resolve_for_project(self.ctx, project_id=project_id, provider=provider), subject
 
     async def _fetch_keys(self, url: str) -> bytes:
@@ -381,19 +384,22 @@ class ProxyApp:
             origin=origin,
             allowed_origins=access.allowed_origins,
         )
-        if access.rate_limit_per_minute is not None:
-            await self._limit(access.project_id, access.rate_limit_per_minute, "")
         subject = record.subject
         if subject is not None and access.subject_rate_limit_per_minute is not None:
-            # A counter per end user, named apart from every project's (an id holds no "/").
-            await self._limit(f"{access.project_id}/{subject}", access.subject_rate_limit_per_minute, " per end user")
+            # First, so that one end user over their limit does not spend the project's for everyone else. A
+            # counter per end user, named apart from every project's (an id holds no "/"), kept apart from them.
+            counter = f"{access.project_id}/{subject}"
+            await self._limit(self.subject_limits, counter, access.subject_rate_limit_per_minute, " per end user")
+        if access.rate_limit_per_minute is not None:
+            await self._limit(self.rate_limits, access.project_id, access.rate_limit_per_minute, "")
         if access.budgets:
             await self._spend(access, record)
         record.prices, record.admitted = admitted.integration.prices, True
         return admitted.integration, admitted.credential, admitted.declared_length
 
-    async def _limit(self, counter: str, per_minute: int, whose: str) -> None:
-        wait = await self.rate_limits.check(counter, per_minute)
+    @staticmethod
+    async def _limit(limits: RateLimits, counter: str, per_minute: int, whose: str) -> None:
+        wait = await limits.check(counter, per_minute)
         if wait:
             raise RateLimited(
                 f"rate limit of {per_minute} requests per minute{whose} exceeded",

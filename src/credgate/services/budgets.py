@@ -212,7 +212,13 @@ async def list_budgets(ctx: Context, *, project_id: str) -> list[BudgetState]:
         states = []
         for budget in await repo.list_budgets(project_id):
             start, end = rule_of(budget).window(now)
-            spent = await repo.spent(project_id, metric=budget.metric, provider=budget.provider, since=start)
+            spent = await repo.spent(
+                project_id,
+                metric=budget.metric,
+                provider=budget.provider,
+                since=start,
+                busiest_subject=budget.per_subject,
+            )
             states.append(BudgetState(budget, spent, start, end))
     return states
 

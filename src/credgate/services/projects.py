@@ -16,6 +16,7 @@ from credgate.limits import (
     RateLimitPerMinute,
     within,
 )
+from credgate.netguard import UpstreamRefused, check_upstream_url
 from credgate.services.context import Context, new_id, plausible_id
 from credgate.specs import IdentityProviderSpec, Origin
 from credgate.storage import Repository
@@ -101,6 +102,11 @@ async def update_project(ctx: Context, *, project_id: str, changes: ProjectChang
         within("subject_rate_limit_per_minute", RateLimitPerMinute, subject_limit)
     origins = None if changes.allowed_origins is None else _origins(changes.allowed_origins)
     trusted = changes.identity_provider
+    if isinstance(trusted, IdentityProviderSpec):
+        try:  # its keys are fetched like an upstream's answers: through the same guard, over https
+            await check_upstream_url(trusted.jwks_url, allow_private=ctx.allow_private_upstreams)
+        except UpstreamRefused as error:
+            raise InvalidInput("identity_provider.jwks_url", str(error)) from None
     async with ctx.change(actor=actor, action="project.update", project_id=project_id) as repo:
         project = await require_project(repo, project_id)
         if origins is not None:

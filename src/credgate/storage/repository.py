@@ -273,10 +273,18 @@ class Repository:
         ]
 
     async def spent(
-        self, project_id: str, *, metric: str, provider: str | None, since: datetime, subject: str | None = None
+        self,
+        project_id: str,
+        *,
+        metric: str,
+        provider: str | None,
+        since: datetime,
+        subject: str | None = None,
+        busiest_subject: bool = False,
     ) -> int:
         """What the request log says a project spent since `since`: requests (those that passed every check),
-        tokens or cost (micro-dollars), of one provider or all, of one end user or all."""
+        tokens or cost (micro-dollars), of one provider or all, of one end user, all, or (`busiest_subject`) the
+        end user who spent the most."""
         measure: Any = {
             "requests": func.count(),
             "tokens": func.sum(
@@ -284,13 +292,22 @@ class Repository:
             ),
             "cost": func.sum(RequestRecord.cost_micros),
         }[metric]
-        statement = select(measure).where(RequestRecord.project_id == project_id, RequestRecord.at >= since)
+        conditions = [RequestRecord.project_id == project_id, RequestRecord.at >= since]
         if metric == "requests":
-            statement = statement.where(RequestRecord.admitted.is_(True))
+            conditions.append(RequestRecord.admitted.is_(True))
         if provider is not None:
-            statement = statement.where(RequestRecord.provider == provider)
+            conditions.append(RequestRecord.provider == provider)
         if subject is not None:
-            statement = statement.where(RequestRecord.subject == subject)
+            conditions.append(RequestRecord.subject == subject)
+        statement = select(measure).where(*conditions)
+        if busiest_subject:
+            each = (
+                select(measure.label("spent"))
+                .where(*conditions, RequestRecord.subject.is_not(None))
+                .group_by(RequestRecord.subject)
+                .subquery()
+            )
+            statement = select(func.max(each.c.spent))
         return int((await self._session.execute(statement)).scalar_one() or 0)
 
     async def delete_request_records(self, *, before: datetime) -> None:
