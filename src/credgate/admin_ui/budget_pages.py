@@ -67,6 +67,7 @@ async def _budgets_page(
             "provider": "",
             "thresholds": "80, 100",
             "reserve": "",
+            "per_subject": "",
         },
     }
     return await render(request, "budgets.html", context | (extra or {}), current=current, status=status)
@@ -84,6 +85,7 @@ async def add(request: Request) -> Response:
     current = await visit(request)
     form = await form_of(request, current)
     typed = {name: field(form, name) for name in ("metric", "period", "limit", "provider", "thresholds", "reserve")}
+    typed["per_subject"] = "on" if field(form, "per_subject") == "on" else ""
     try:
         await budgets.add_budget(
             current.ctx,
@@ -94,12 +96,14 @@ async def add(request: Request) -> Response:
             provider=typed["provider"] or None,
             thresholds=_percentages(typed["thresholds"]),
             reserve=_limit(typed["reserve"], field_name="reserve") if typed["reserve"] else None,
+            per_subject=bool(typed["per_subject"]),
             actor=current.actor,
         )
     except (InvalidInput, Conflict, NotFound) as error:
         errors = field_error(error) if isinstance(error, InvalidInput) else {"provider": error.message}
         return await _budgets_page(request, current, {"errors": errors, "form": typed}, status=422)
-    await current.flash("Budget added: requests over it get 402 until its period resets.")
+    whose = "each end user's requests over it get" if typed["per_subject"] else "requests over it get"
+    await current.flash(f"Budget added: {whose} 402 until its period resets.")
     return redirect(_back(request))
 
 

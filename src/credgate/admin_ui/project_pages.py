@@ -9,12 +9,15 @@ from starlette.routing import Route
 
 from credgate.admin_ui.base import field, field_error, form_of, redirect, render, visit
 from credgate.admin_ui.charts import HEIGHT, WIDTH, bars
-from credgate.errors import InvalidInput
+from credgate.admin_ui.end_user_forms import end_user_changes, origins_error, shown_fields, typed_fields
+from credgate.errors import Conflict, InvalidInput
 from credgate.limits import ExpiresInDays, GraceSeconds, KeyMaxAgeDays, RateLimitPerMinute, parse_int
 from credgate.services import audit, integrations, projects, usage
 from credgate.services.projects import current_token
 
 _CHART_DAYS = 14
+# How the usage page's totals may be grouped: the `by` query parameter, and the table's first column.
+USAGE_GROUPS = {"provider": "Provider", "subject": "End user"}
 
 
 def _whole_number(form: FormData, name: str, kind: object) -> int | None:
@@ -43,12 +46,25 @@ async def create_project(request: Request) -> Response:
     return redirect(f"/admin/projects/{project.id}")
 
 
-async def show_project(request: Request, *, errors: dict[str, str] | None = None, status: int = 200) -> Response:
+async def show_project(
+    request: Request,
+    *,
+    errors: dict[str, str] | None = None,
+    end_users: dict[str, str] | None = None,
+    status: int = 200,
+) -> Response:
+    """The project's page; `end_users`: what was typed in its "Browser and end users" form, shown back."""
     current = await visit(request)
     project_id = request.path_params["project_id"]
     project = await projects.get_project(current.ctx, project_id=project_id)
     found = await integrations.list_integrations(current.ctx, project_id=project_id)
-    context = {"project": project, "token": current_token(project), "integrations": found, "errors": errors or {}}
+    context = {
+        "project": project,
+        "token": current_token(project),
+        "integrations": found,
+        "errors": errors or {},
+        "end_users": end_users or shown_fields(project),
+    }
     return await render(request, "project.html", context, current=current, status=status)
 
 
@@ -66,6 +82,24 @@ async def update_project(request: Request) -> Response:
     except InvalidInput as error:
         return await show_project(request, errors=field_error(error), status=422)
     await current.flash("Project settings saved.")
+    return redirect(f"/admin/projects/{project_id}")
+
+
+async def update_end_users(request: Request) -> Response:
+    """The "Browser and end users" settings: allowed origins, each end user's rate limit, the identity provider."""
+    current = await visit(request)
+    typed = typed_fields(await form_of(request, current))
+    project_id = request.path_params["project_id"]
+    try:
+        changes = end_user_changes(typed)
+        await projects.update_project(current.ctx, project_id=project_id, changes=changes, actor=current.actor)
+    except InvalidInput as error:
+        refused = origins_error(typed, error) if error.field.startswith("allowed_origins") else error
+        return await show_project(request, errors=field_error(refused), end_users=typed, status=422)
+    except Conflict as error:
+        errors = {"identity_provider": f"{error.message[:1].upper()}{error.message[1:]}."}
+        return await show_project(request, errors=errors, end_users=typed, status=409)
+    await current.flash("Browser and end-user settings saved.")
     return redirect(f"/admin/projects/{project_id}")
 
 
@@ -130,6 +164,13 @@ async def show_usage(request: Request) -> Response:
     _, _, by_provider = await usage.summarize_usage(
         current.ctx, project_id=project_id, since=None, until=None, group_by="provider"
     )
+    by = request.query_params.get("by", "provider")
+    by = by if by in USAGE_GROUPS else "provider"
+    totals = by_provider
+    if by != "provider":
+        _, _, totals = await usage.summarize_usage(
+            current.ctx, project_id=project_id, since=None, until=None, group_by=by
+        )
     recent = await usage.list_request_records(current.ctx, project_id=project_id, limit=50)
     today = current.ctx.clock().date()
     days = [(today - timedelta(days=back)).isoformat() for back in range(_CHART_DAYS - 1, -1, -1)]
@@ -139,7 +180,9 @@ async def show_usage(request: Request) -> Response:
         "requests_by_day": bars([(day[5:], requests.get(day, 0)) for day in days]),
         "errors_by_day": bars([(day[5:], errors.get(day, 0)) for day in days]),
         "tokens_by_provider": bars([(row.group, row.prompt_tokens + row.completion_tokens) for row in by_provider]),
-        "by_provider": by_provider,
+        "by": by,
+        "groups": USAGE_GROUPS,
+        "totals": totals,
         "recent": recent,
         "chart_width": WIDTH,
         "chart_height": HEIGHT,
@@ -158,6 +201,7 @@ routes = [
     Route("/projects", create_project, methods=["POST"]),
     Route("/projects/{project_id}", show_project, methods=["GET"]),
     Route("/projects/{project_id}", update_project, methods=["POST"]),
+    Route("/projects/{project_id}/end-users", update_end_users, methods=["POST"]),
     Route("/projects/{project_id}/token/rotate", rotate_token, methods=["POST"]),
     Route("/projects/{project_id}/token/revoke", revoke_token, methods=["POST"]),
     Route("/projects/{project_id}/delete", confirm_delete, methods=["GET"]),
