@@ -15,7 +15,6 @@ import logging
 import math
 import re
 import time
-import unicodedata
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeAlias
@@ -23,14 +22,16 @@ from typing import Any, TypeAlias
 import jwt
 from jwt import PyJWK
 
-MAX_SUBJECT_LENGTH = 200
+from credgate.limits import MAX_SUBJECT_LENGTH, check_subject
+from credgate.resolved import IdentityProvider
+
+__all__ = ["MAX_SUBJECT_LENGTH", "IdentityProvider", "IdentityRefused", "IdentityUnavailable", "IdentityVerifier"]
+
 # Asymmetric only: accepting an HMAC "alg" would let a token use the *published* public key as its secret.
 _ALGORITHMS = ("RS256", "ES256")
 _MAX_TOKEN_LENGTH = 16_384  # real tokens are a few KB; this bounds the parsing and the remembered tokens' memory
 _MAX_KEYS = 100  # providers publish two or three; a huge set is a misconfiguration or an attack
 _JWT_SHAPE = re.compile(r"eyJ[A-Za-z0-9_-]*\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+")
-# A subject ends up in logs and headers: no line breaks, control, invisible-format or lone-surrogate characters.
-_UNSAFE_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
 _DECODE_OPTIONS: jwt.types.Options = {
     "require": ["iss", "aud"],
     # Times are checked against the injected clock, and the subject with its own message.
@@ -44,15 +45,6 @@ _DECODE_OPTIONS: jwt.types.Options = {
 _log = logging.getLogger(__name__)
 
 Fetch: TypeAlias = Callable[[str], Awaitable[bytes]]  # the JWKS document's bytes at a URL; raises on any failure
-
-
-@dataclass(frozen=True, slots=True)
-class IdentityProvider:
-    """What a project trusts: where its signing keys are published, who issues, for which audience."""
-
-    jwks_url: str
-    issuer: str
-    audience: str
 
 
 class IdentityRefused(Exception):
@@ -283,13 +275,6 @@ def _checked_subject(claims: dict[str, Any]) -> str:
         return check_subject(subject)
     except ValueError:
         raise IdentityRefused("bad subject") from None
-
-
-def check_subject(subject: str) -> str:
-    """An end user's id as credgate records it, whoever names it (an identity token, a client token's minter)."""
-    if len(subject) > MAX_SUBJECT_LENGTH or any(unicodedata.category(c) in _UNSAFE_CATEGORIES for c in subject):
-        raise ValueError(f"must be at most {MAX_SUBJECT_LENGTH} characters, without control or invisible ones")
-    return subject
 
 
 def _parse_key_set(body: bytes, *, fetched_at: float) -> _KeySet:

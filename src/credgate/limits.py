@@ -5,6 +5,7 @@ value. The admin API's schemas declare the same types, so its OpenAPI document s
 the CLI read typed text into them (`parse`). The ranges also keep date arithmetic far from overflowing.
 """
 
+import unicodedata
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, TypeVar, cast
 
@@ -33,6 +34,9 @@ MAX_ENDPOINTS = 1000
 MAX_PRIVATE_NETWORKS = 32  # an integration's exceptions to the SSRF guard: a few hosts or networks, not a routing table
 MAX_ALLOWED_ORIGINS = 100  # a project's web origins: its sites, not every page of the web
 MIN_PASSWORD_LENGTH = 12
+MAX_SUBJECT_LENGTH = 200  # an end user's id, as an identity token or a client token's minter names it
+# A subject ends up in logs and headers: no line breaks, control, invisible-format or lone-surrogate characters.
+_UNSAFE_SUBJECT_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
 # Times an admin may name (a usage window): far enough from datetime's own ends that no offset or window
 # arithmetic can leave its range.
 EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
@@ -43,6 +47,15 @@ def _check_text(text: str) -> str:
     if any(ord(char) < 0x20 or 0x7F <= ord(char) < 0xA0 or 0xD800 <= ord(char) < 0xE000 for char in text):
         raise ValueError("may not hold control characters, line breaks or unpaired surrogates")
     return text
+
+
+def check_subject(subject: str) -> str:
+    """An end user's id as credgate records it, whoever names it (an identity token, a client token's minter)."""
+    if len(subject) > MAX_SUBJECT_LENGTH or any(
+        unicodedata.category(char) in _UNSAFE_SUBJECT_CATEGORIES for char in subject
+    ):
+        raise ValueError(f"must be at most {MAX_SUBJECT_LENGTH} characters, without control or invisible ones")
+    return subject
 
 
 def _check_moment(moment: datetime) -> datetime:

@@ -10,6 +10,16 @@ from credgate.spending import Price
 
 
 @dataclass(frozen=True, slots=True)
+class IdentityProvider:
+    """What a project trusts for its end users: where its signing keys are published, who issues, for which
+    audience (identity.py verifies tokens against it)."""
+
+    jwks_url: str
+    issuer: str
+    audience: str
+
+
+@dataclass(frozen=True, slots=True)
 class PoolKey:
     """A key of an integration's pool that is in service: its id (for its state) and its opened secret."""
 

@@ -24,8 +24,7 @@ from credgate.errors import (
     Unauthorized,
     Unavailable,
 )
-from credgate.identity import MAX_SUBJECT_LENGTH, check_subject
-from credgate.limits import MAX_ENDPOINTS, Name
+from credgate.limits import MAX_ENDPOINTS, MAX_SUBJECT_LENGTH, Name, check_subject
 from credgate.proxy.client import send_error
 from credgate.proxy.plan import find_token
 from credgate.services.access import Access, resolve_access

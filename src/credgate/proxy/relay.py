@@ -33,7 +33,6 @@ from credgate.errors import (
 )
 from credgate.fleet import RateLimiter, RateLimits, retry_after_header
 from credgate.fleet.budgets import Budgets, LocalBudgets
-from credgate.identity import IdentityRefused, IdentityUnavailable, IdentityVerifier, unverified_issuer_and_audiences
 from credgate.netguard import NO_PRIVATE_NETWORKS
 from credgate.proxy.client import (
     BodyProblem,
@@ -83,7 +82,8 @@ from credgate.specs import OAUTH2_METHODS, PROVIDER_NAME, AwsSigV4Auth, Endpoint
 from credgate.spending import rules_for
 from credgate.storage import StorageUnavailable
 
-if TYPE_CHECKING:  # the SDK is loaded only when tracing is on
+if TYPE_CHECKING:  # the SDK is loaded only when tracing is on; PyJWT at the first identity token
+    from credgate.identity import IdentityVerifier
     from credgate.tracing import RequestSpan, Tracing
 
 logger = logging.getLogger(__name__)
@@ -157,7 +157,7 @@ class ProxyApp:
         )
         self._grants: dict[str, ClientGrant] = {}  # client tokens whose signature was checked
         self.minter = ClientTokenMinter(ctx)
-        self.identities = IdentityVerifier(self._fetch_keys)
+        self._identities: IdentityVerifier | None = None
         self.tokens = TokenBroker(
             self.upstreams,
             store_refresh_token=lambda project_id, provider, token: store_rotated_refresh_token(
@@ -315,13 +315,22 @@ class ProxyApp:
     async def _identify(self, token: str, provider: str) -> tuple[Access | None, str | None]:
         """The access and subject of an end user's identity token: the project that trusts its issuer for its
         audience, once the signature and claims check out against that issuer's published keys."""
+        from credgate.identity import (
+            IdentityRefused,
+            IdentityUnavailable,
+            IdentityVerifier,
+            unverified_issuer_and_audiences,
+        )
+
         claimed = unverified_issuer_and_audiences(token)
         trusting = None if claimed is None else (await directory(self.ctx)).trusting(*claimed)
         if trusting is None:
             return None, None
         project_id, trusted = trusting
+        if self._identities is None:
+            self._identities = IdentityVerifier(self._fetch_keys)
         try:
-            subject = await self.identities.subject(token, trusted)
+            subject = await self._identities.subject(token, trusted)
         except IdentityRefused as refused:
             metrics.identity_refusals.labels(str(refused).replace(" ", "_")).inc()
             return None, None

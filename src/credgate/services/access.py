@@ -16,10 +16,9 @@ from pydantic import TypeAdapter
 
 from credgate import metrics
 from credgate.crypto import hash_token
-from credgate.identity import IdentityProvider
 from credgate.netguard import PrivateNetworks
 from credgate.outages import Outage
-from credgate.resolved import ResolvedIntegration
+from credgate.resolved import IdentityProvider, ResolvedIntegration
 from credgate.services.budgets import prices_of, rule_of
 from credgate.services.context import CHANGE_MARKER, Context, notify_channel
 from credgate.services.projects import PROJECT_TOKEN_PREFIX
