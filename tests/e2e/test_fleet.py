@@ -394,6 +394,52 @@ async def test_a_budget_of_50_admits_exactly_50_of_200_concurrent_requests_acros
     assert (statuses.count(200), statuses.count(402)) == (50, 150)  # counted once, in Redis: no slack
 
 
+async def mint(fleet: Fleet, project: Project, subject: str) -> str:
+    async with fresh_client(project.token) as minting:  # through the balancer: whichever instance
+        answer = await minting.post(f"{fleet.balancer}/api/v1/client-tokens", json={"subject": subject})
+    token: str = answer.json()["token"]
+    return token
+
+
+async def test_end_users_are_counted_once_across_every_instance_whichever_minted_their_tokens(
+    fleet: Fleet, upstream: Upstream
+) -> None:
+    """Client tokens minted through any instance work on every one; an end user's rate limit (20 a minute, one
+    project) and per-end-user budget (10 a day, another) are each counted once, in Redis."""
+    limited, _ = await add_project(fleet, upstream)
+    budgeted, _ = await add_project(fleet, upstream)
+    ctx = await open_context(fleet.settings)
+    try:
+        changes = projects.ProjectChanges(subject_rate_limit_per_minute=20)
+        await projects.update_project(ctx, project_id=limited.id, changes=changes, actor="t")
+        await budgets.add_budget(
+            ctx, project_id=budgeted.id, metric="requests", limit=10, period="day", per_subject=True, actor="t"
+        )
+    finally:
+        await ctx.close()
+
+    async def burst(token: str, count: int) -> list[int]:
+        async with fresh_client(token) as client:
+            answers = await asyncio.gather(
+                *(client.get(f"{fleet.balancer}/proxy/stand-in/echo/user") for _ in range(count))
+            )
+        return [answer.status_code for answer in answers]
+
+    started = time.monotonic()
+    statuses = await burst(await mint(fleet, limited, "alice"), 80)
+    refilled = int((time.monotonic() - started) / 3) + 1  # 20 a minute refills one every 3 s
+    assert set(statuses) <= {200, 429}
+    assert 20 <= statuses.count(200) <= 20 + refilled
+    assert (await burst(await mint(fleet, limited, "bob"), 15)) == [200] * 15  # a count of bob's own
+
+    statuses = await burst(await mint(fleet, budgeted, "carol"), 40)
+    assert (statuses.count(200), statuses.count(402)) == (10, 30)
+    dave = await mint(fleet, budgeted, "dave")
+    for instance in fleet.instances:  # each instance checks a token minted elsewhere alone
+        async with fresh_client(dave) as client:
+            assert (await client.get(f"{instance.url}/proxy/stand-in/echo/user")).status_code == 200
+
+
 async def test_redis_stopped_under_load_fails_no_request_and_its_return_brings_sharing_back(
     fleet: Fleet, upstream: Upstream
 ) -> None:
