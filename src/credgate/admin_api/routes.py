@@ -1,9 +1,10 @@
 """Admin API routes: each authenticates the admin, calls one service, and answers an `…Out` schema."""
 
-from collections.abc import Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Annotated, Any, Literal, Protocol
 
 from fastapi import APIRouter, Depends, Query, Request, Response
+from fastapi.responses import StreamingResponse
 from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
@@ -514,3 +515,30 @@ async def list_audit_events(
 ) -> ItemsOut[AuditEventOut]:
     events = await audit.list_audit_events(ctx, limit=limit, project_id=project_id)
     return ItemsOut(items=[AuditEventOut.of(event) for event in events])
+
+
+_NDJSON = "application/x-ndjson"
+
+
+@router.get(
+    "/audit/export",
+    response_class=StreamingResponse,
+    responses={
+        200: {
+            "description": "Every audit entry, oldest first, one JSON object per line with `previous_hash` and `hash`.",
+            "content": {_NDJSON: {"schema": {"type": "string"}}},
+        }
+    },
+)
+async def export_audit_log(ctx: ContextDep, _actor: Actor) -> StreamingResponse:
+    """The whole audit log as its hash chain (JSON Lines), for `credgate audit verify`."""
+    lines = audit.export_audit_log(ctx)
+    first = await anext(lines, None)  # the database answers before the first byte, or the usual error answers
+
+    async def body() -> AsyncIterator[str]:
+        if first is not None:
+            yield first
+            async for line in lines:
+                yield line
+
+    return StreamingResponse(body(), media_type=_NDJSON)

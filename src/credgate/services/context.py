@@ -11,9 +11,7 @@ from typing import Any
 from credgate.catalog import Template
 from credgate.crypto import KeyRing
 from credgate.fleet import Fleet
-from credgate.limits import MAX_ACTOR_LENGTH
 from credgate.storage import Database, Repository
-from credgate.storage.models import AuditEvent
 
 CHANGE_MARKER = "change_marker"
 _MAX_ID_LENGTH = 32  # the id columns' width
@@ -100,9 +98,11 @@ class Context:
         """
         async with self.database.transaction() as repo:
             yield repo
-            # Cut, not refused: "admin-token:" and a name of the longest allowed length is longer than the column.
-            who = actor[:MAX_ACTOR_LENGTH]
-            repo.add(AuditEvent(at=self.clock(), actor=who, action=action, project_id=project_id, provider=provider))
+            # Last, for the chain's lock is held from here to the commit. The actor is cut, not refused:
+            # "admin-token:" and a name of the longest allowed length is longer than the column.
+            await repo.append_audit_event(
+                at=self.clock(), actor=actor, action=action, project_id=project_id, provider=provider
+            )
             marker = secrets.token_hex(8)
             await repo.set_meta(CHANGE_MARKER, marker)
             await repo.notify(notify_channel(self), marker)

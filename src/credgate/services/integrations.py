@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 from credgate.catalog import Template
 from credgate.errors import Conflict, InvalidInput, NotFound
-from credgate.limits import MAX_ACTOR_LENGTH, MAX_ENDPOINTS, StreamIdleTimeoutSeconds, TimeoutSeconds, within
+from credgate.limits import MAX_ENDPOINTS, StreamIdleTimeoutSeconds, TimeoutSeconds, within
 from credgate.netguard import PrivateNetworkList, PrivateNetworks, UpstreamRefused, check_upstream_url
 from credgate.paths import rebase_path
 from credgate.services.context import Context, new_id
@@ -28,7 +28,7 @@ from credgate.specs import (
     QueryMap,
 )
 from credgate.storage import Repository
-from credgate.storage.models import AuditEvent, Integration
+from credgate.storage.models import Integration
 
 DEFAULT_TIMEOUT_SECONDS = 600.0
 DEFAULT_STREAM_IDLE_TIMEOUT_SECONDS = 300.0
@@ -84,17 +84,16 @@ def _checked_private_networks(private_networks: Sequence[str] | None) -> list[st
     return checked
 
 
-def _audit_private_networks(ctx: Context, repo: Repository, actor: str, integration: Integration) -> None:
-    """An entry of its own for the exceptions to the SSRF guard, naming the new list, in the change's transaction."""
-    repo.add(
-        AuditEvent(
-            at=ctx.clock(),
-            actor=actor[:MAX_ACTOR_LENGTH],
-            action=PRIVATE_NETWORKS_ACTION,
-            project_id=integration.project_id,
-            provider=integration.provider,
-            detail={"private_networks": list(integration.private_networks)},
-        )
+async def _audit_private_networks(ctx: Context, repo: Repository, actor: str, integration: Integration) -> None:
+    """An entry of its own for the exceptions to the SSRF guard, naming the new list, in the change's transaction:
+    called at the end of the change's body, since it takes the audit chain's lock until the commit."""
+    await repo.append_audit_event(
+        at=ctx.clock(),
+        actor=actor,
+        action=PRIVATE_NETWORKS_ACTION,
+        project_id=integration.project_id,
+        provider=integration.provider,
+        detail={"private_networks": list(integration.private_networks)},
     )
 
 
@@ -189,7 +188,7 @@ async def add_template_integration(
         )
         repo.add(integration)
         if integration.private_networks:
-            _audit_private_networks(ctx, repo, actor, integration)
+            await _audit_private_networks(ctx, repo, actor, integration)
     return integration, True
 
 
@@ -229,7 +228,7 @@ async def add_custom_integration(
         seal_provider_key(ctx.keyring, integration, clean_api_key(api_key, auth_method=auth.method), now=ctx.clock())
         repo.add(integration)
         if networks:
-            _audit_private_networks(ctx, repo, actor, integration)
+            await _audit_private_networks(ctx, repo, actor, integration)
     return integration
 
 
@@ -348,7 +347,7 @@ async def update_integration(
             setattr(integration, name, value)
         if networks is not None and networks != integration.private_networks:
             integration.private_networks = networks
-            _audit_private_networks(ctx, repo, actor, integration)
+            await _audit_private_networks(ctx, repo, actor, integration)
         integration.updated_at = ctx.clock()
     return integration
 

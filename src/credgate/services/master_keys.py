@@ -6,14 +6,12 @@ import base64
 from credgate.config import Settings
 from credgate.crypto import DecryptionError, KeyRing, new_master_key
 from credgate.errors import StartupError
-from credgate.limits import MAX_ACTOR_LENGTH
 from credgate.masterkey import master_keys_from_env, read_key_file, write_key_file
 from credgate.services.context import Context
 from credgate.services.events import reseal_webhook_secrets
 from credgate.services.panel_state import reseal_panel_state
 from credgate.services.provider_keys import reseal
 from credgate.storage import Repository
-from credgate.storage.models import AuditEvent
 
 KEY_CHECK = "master_key_check"
 _KEY_CHECK_PLAINTEXT = b"credgate master key check"
@@ -69,7 +67,7 @@ async def reseal_all(ctx: Context, *, actor: str, settle_seconds: float = 1.0) -
     resealed += await _reseal_pending(ctx) + await reseal_panel_state(ctx) + await reseal_webhook_secrets(ctx)
     async with ctx.database.transaction() as repo:
         await repo.set_meta(KEY_CHECK, seal_key_check(ctx.keyring))
-        repo.add(AuditEvent(at=ctx.clock(), actor=actor[:MAX_ACTOR_LENGTH], action="master_key.rotate"))
+        await repo.append_audit_event(at=ctx.clock(), actor=actor, action="master_key.rotate")
     return resealed
 
 

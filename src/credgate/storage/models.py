@@ -54,7 +54,7 @@ class Base(DeclarativeBase):
 
 
 class Meta(Base):
-    """Named values of the installation: the master-key check and the change marker."""
+    """Named values of the installation: the master-key check, the change marker, the audit log's head."""
 
     __tablename__ = "meta"
     name: Mapped[str] = mapped_column(String(64), primary_key=True)
@@ -256,8 +256,15 @@ class EventDelivery(Base):
 
 
 class AuditEvent(Base):
+    """An entry of the audit log, a link of its hash chain (credgate.audit_chain); written only by
+    `Repository.append_audit_event`."""
+
     __tablename__ = "audit_events"
-    __table_args__ = (Index("ix_audit_events_at", "at"),)
+    __table_args__ = (
+        Index("ix_audit_events_at", "at"),
+        # One entry after each: should appends ever escape the head's lock, the second fails instead of forking.
+        Index("ix_audit_events_previous_hash", "previous_hash", unique=True),
+    )
     id: Mapped[int] = mapped_column(primary_key=True, autoincrement=True)
     at: Mapped[datetime]
     actor: Mapped[str] = mapped_column(String(MAX_ACTOR_LENGTH))
@@ -266,6 +273,8 @@ class AuditEvent(Base):
     provider: Mapped[str | None] = mapped_column(String(MAX_PROVIDER_NAME_LENGTH))
     # What changed, for the changes worth recording in full (an integration's private_networks); never a secret.
     detail: Mapped[dict[str, Any] | None]
+    previous_hash: Mapped[str] = mapped_column(String(64))  # the entry before's hash; GENESIS for the first
+    hash: Mapped[str] = mapped_column(String(64))  # SHA-256 (hex) of this entry's canonical form
 
 
 class RequestRecord(Base):

@@ -1,6 +1,7 @@
 """Repository: the queries of the domain, on one session inside one transaction."""
 
 from collections.abc import Mapping, Sequence
+from contextlib import suppress
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, cast
@@ -10,7 +11,8 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import aliased, joinedload, raiseload, selectinload
 
-from credgate.limits import MAX_LISTED
+from credgate.audit_chain import GENESIS, chain_entry
+from credgate.limits import MAX_ACTOR_LENGTH, MAX_LISTED
 from credgate.storage.models import (
     AdminSession,
     AdminToken,
@@ -28,6 +30,9 @@ from credgate.storage.models import (
     RequestRecord,
     Webhook,
 )
+
+# The meta row holding the hash of the audit log's newest entry: locked by every append, so appends queue.
+AUDIT_HEAD = "audit_head"
 
 
 @dataclass(frozen=True, slots=True)
@@ -445,6 +450,83 @@ class Repository:
         return (await self._session.scalars(statement)).unique().all()
 
     # audit
+
+    async def append_audit_event(
+        self,
+        *,
+        at: datetime,
+        actor: str,
+        action: str,
+        project_id: str | None = None,
+        provider: str | None = None,
+        detail: Mapping[str, Any] | None = None,
+    ) -> AuditEvent:
+        """Append an entry to the audit log's hash chain: the one way an entry is written (README, Audit log).
+
+        The head is locked first (its meta row: FOR UPDATE on PostgreSQL; on SQLite a write transaction holds
+        the database's write lock from its BEGIN IMMEDIATE), so the appends of concurrent transactions, of any
+        worker or instance, queue, each linked to the one committed before it. The lock is held until the
+        transaction ends: call this last, with no I/O after it. The actor is cut to its column's width.
+        """
+        await self._session.flush()  # the change's own writes (and any wait on their rows) before the lock
+        previous = await self._lock_audit_head()
+        entry = chain_entry(
+            at=at,
+            actor=actor[:MAX_ACTOR_LENGTH],
+            action=action,
+            project_id=project_id,
+            provider=provider,
+            detail=detail,
+            previous_hash=previous,
+        )
+        row = AuditEvent(
+            at=at,
+            actor=entry["actor"],
+            action=action,
+            project_id=project_id,
+            provider=provider,
+            detail=entry["detail"],
+            previous_hash=previous,
+            hash=entry["hash"],
+        )
+        self._session.add(row)
+        await self._session.execute(
+            update(Meta)
+            .where(Meta.name == AUDIT_HEAD)
+            .values(value=row.hash)
+            .execution_options(synchronize_session=False)
+        )
+        await self._session.flush()  # the id is drawn under the lock: id order is the chain's order
+        return row
+
+    async def _lock_audit_head(self) -> str:
+        locked = select(Meta.value).where(Meta.name == AUDIT_HEAD).with_for_update()
+        head = await self._session.scalar(locked)
+        if head is None:  # a database whose head row went missing: made again from the newest entry
+            newest = await self._session.scalar(select(AuditEvent.hash).order_by(AuditEvent.id.desc()).limit(1))
+            with suppress(IntegrityError):  # made at the same moment by another transaction, which committed
+                async with self._session.begin_nested():
+                    self._session.add(Meta(name=AUDIT_HEAD, value=newest or GENESIS))
+            head = await self._session.scalar(locked)
+        return str(head)
+
+    async def audit_head(self) -> tuple[str | None, int]:
+        """The stored head and the newest entry's id, read in one statement, so from one snapshot: they agree
+        (the head is the hash of that entry, or GENESIS and 0) unless the database was edited."""
+        head = select(Meta.value).where(Meta.name == AUDIT_HEAD).scalar_subquery()
+        newest = select(func.max(AuditEvent.id)).scalar_subquery()
+        found = (await self._session.execute(select(head, newest))).one()
+        return found[0], int(found[1] or 0)
+
+    async def audit_chain_page(self, *, after_id: int, up_to_id: int, limit: int) -> Sequence[AuditEvent]:
+        """Entries with `after_id` < id <= `up_to_id`, in id order (the chain's): a page of an export."""
+        statement = (
+            select(AuditEvent)
+            .where(AuditEvent.id > after_id, AuditEvent.id <= up_to_id)
+            .order_by(AuditEvent.id)
+            .limit(limit)
+        )
+        return (await self._session.scalars(statement)).all()
 
     async def list_audit_events(self, *, limit: int, project_id: str | None = None) -> Sequence[AuditEvent]:
         statement = select(AuditEvent).order_by(AuditEvent.at.desc(), AuditEvent.id.desc()).limit(limit)
