@@ -1,7 +1,9 @@
-"""Integrations: Add new API (provider, key, template, review, save), Custom Configure, endpoints, settings,
-and the key's edit, rotate and revoke. No page ever holds a stored key: forms post it once, blank."""
+"""Integrations: Custom Configure, an integration's endpoints and settings, and the key's edit, rotate and revoke
+(Add new API is add_api_pages.py). No page ever holds a stored key: forms post it once, blank, and a form refused
+for another reason says to enter the key again. What else was typed comes back as it was, with each problem next
+to its field or row."""
 
-from collections import defaultdict
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
@@ -10,172 +12,49 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from credgate.admin_ui.base import Visit, field, field_error, form_of, redirect, render, visit
-from credgate.catalog import Template
-from credgate.crypto import Secret
-from credgate.error_responses import validation_message
+from credgate.admin_ui import add_api_pages, auth_form
+from credgate.admin_ui.base import Visit, field, form_of, redirect, render, visit
+from credgate.admin_ui.messages import line_error, row_errors, sentence, service_errors
 from credgate.errors import Conflict, InvalidInput
-from credgate.key_shapes import check_key_shape
 from credgate.limits import StreamIdleTimeoutSeconds, TimeoutSeconds, parse_float
-from credgate.services import integrations, panel_state, projects
+from credgate.services import integrations, projects
 from credgate.services.integrations import IntegrationChanges
-from credgate.services.panel_state import PendingSetup
-from credgate.services.provider_keys import key_hint
-from credgate.specs import METHODS, AuthSpec, Endpoint, HeaderMap, QueryMap, check_base_url, check_provider_name
+from credgate.specs import (
+    METHODS,
+    Endpoint,
+    HeaderMap,
+    QueryMap,
+    check_base_url,
+    check_header_name,
+    check_provider_name,
+)
+from credgate.storage.models import Integration
 
-_auth: TypeAdapter[AuthSpec] = TypeAdapter(AuthSpec)
 _headers: TypeAdapter[dict[str, str]] = TypeAdapter(HeaderMap)
 _query: TypeAdapter[dict[str, str]] = TypeAdapter(QueryMap)
 _endpoints: TypeAdapter[list[Endpoint]] = TypeAdapter(list[Endpoint])
 _NEW_ENDPOINT_ROWS = 3
+ENTER_KEY_AGAIN = "Enter the key again: it is never sent back to the page."
 
 
-def _catalog(current: Visit) -> dict[str, list[Template]]:
-    by_provider: dict[str, list[Template]] = defaultdict(list)
-    for template in current.ctx.templates.values():
-        by_provider[template.provider].append(template)
-    return dict(sorted(by_provider.items()))
-
-
-async def _existing(current: Visit, project_id: str) -> set[str]:
+def _auth_context(values: dict[str, str], hint: str | None = None) -> dict[str, Any]:
+    """What auth_fields.html needs besides `values` and `errors`."""
     return {
-        integration.provider for integration in await integrations.list_integrations(current.ctx, project_id=project_id)
+        "auth_methods": auth_form.METHODS,
+        "client_auth": auth_form.CLIENT_AUTH,
+        "auth_previews": auth_form.previews(values, hint),
+        "key_hint": hint,
     }
-
-
-# Add new API
-
-
-async def add_api(request: Request) -> Response:
-    """Step 1: the provider; step 2 (`?provider=`): the key (first setup only) and the template."""
-    current = await visit(request)
-    project = await projects.get_project(current.ctx, project_id=request.path_params["project_id"])
-    catalog = _catalog(current)
-    provider = request.query_params.get("provider", "")
-    if provider not in catalog:
-        return await render(request, "add_provider.html", {"project": project, "catalog": catalog}, current=current)
-    context = {
-        "project": project,
-        "provider": provider,
-        "name": provider,
-        "templates": catalog[provider],
-        "needs_key": provider not in await _existing(current, project.id),
-        "errors": {},
-    }
-    return await render(request, "add_details.html", context, current=current)
-
-
-async def add_api_submit(request: Request) -> Response:
-    current = await visit(request)
-    form = await form_of(request, current)
-    project = await projects.get_project(current.ctx, project_id=request.path_params["project_id"])
-    catalog = _catalog(current)
-    provider, name, template_id = field(form, "provider"), field(form, "name"), field(form, "template")
-    api_key = str(form.get("api_key") or "").strip()
-    base_url = field(form, "base_url") or None
-    existing = await _existing(current, project.id)
-    errors: dict[str, str] = {}
-    try:
-        check_provider_name(name)
-    except ValueError as error:
-        errors["name"] = f"The name {error}."
-    if template_id not in {template.id for template in catalog.get(provider, [])}:
-        errors["template"] = "Pick the template that matches what you will call."
-    if name not in existing and not api_key:
-        errors["api_key"] = "Enter the provider's API key: it is asked only this first time."
-    if name in existing and api_key:
-        errors["api_key"] = "This provider is set up already and keeps its key; change it from the key table."
-    template = current.ctx.templates.get(template_id)
-    if base_url is not None:
-        try:
-            base_url = check_base_url(base_url)
-        except ValueError as error:
-            errors["base_url"] = f"The base URL {error}."
-    elif template is not None and template.requires_base_url and name not in existing:
-        errors["base_url"] = "This provider has an address per account: enter yours."
-    if template is not None and api_key and "api_key" not in errors:
-        try:
-            check_key_shape(template.auth, api_key)
-        except ValueError as error:
-            errors["api_key"] = f"The key {error}."
-    if errors:
-        context = {
-            "project": project,
-            "provider": provider,
-            "name": name,
-            "templates": catalog.get(provider, []),
-            "needs_key": name not in existing,
-            "errors": errors,
-            "chosen": template_id,
-            "base_url": base_url or "",
-        }
-        return await render(request, "add_details.html", context, current=current, status=422)
-    pending = PendingSetup(
-        project_id=project.id,
-        provider=name,
-        template_id=template_id,
-        api_key=Secret(api_key) if api_key else None,
-        base_url=base_url if name not in existing else None,
-    )
-    await panel_state.hold_setup(current.ctx, session_id=current.user.session_id, setup=pending)
-    return redirect(f"/admin/projects/{project.id}/add/review")
-
-
-async def review(request: Request) -> Response:
-    current = await visit(request)
-    project_id = request.path_params["project_id"]
-    pending = await panel_state.find_pending_setup(current.ctx, session_id=current.user.session_id)
-    if pending is None or pending.project_id != project_id:
-        return redirect(f"/admin/projects/{project_id}/add")
-    project = await projects.get_project(current.ctx, project_id=project_id)
-    template = current.ctx.templates[pending.template_id]
-    hint = key_hint(pending.api_key.reveal(), auth_method=template.auth.method) if pending.api_key else None
-    context = {"project": project, "pending": pending, "template": template, "hint": hint}
-    return await render(request, "add_review.html", context, current=current)
-
-
-async def save(request: Request) -> Response:
-    current = await visit(request)
-    await form_of(request, current)
-    project_id = request.path_params["project_id"]
-    pending = await panel_state.find_pending_setup(current.ctx, session_id=current.user.session_id)
-    if pending is None or pending.project_id != project_id:
-        return redirect(f"/admin/projects/{project_id}/add")
-    integration, created = await integrations.add_template_integration(
-        current.ctx,
-        project_id=project_id,
-        provider=pending.provider,
-        template_id=pending.template_id,
-        api_key=pending.api_key.reveal() if pending.api_key else None,
-        base_url=pending.base_url,
-        actor=current.actor,
-    )
-    await panel_state.release_setup(current.ctx, session_id=current.user.session_id)
-    verb = "set up" if created else "extended with the template's endpoints; its stored key is kept"
-    await current.flash(f"{integration.provider} {verb}.")
-    return redirect(f"/admin/projects/{project_id}")
 
 
 # Custom Configure
 
 
-def _auth_from(form: FormData) -> dict[str, Any]:
-    method = field(form, "auth_method") or "bearer"
-    auth: dict[str, Any] = {"method": method}
-    if method in ("header", "query"):
-        auth["name"] = field(form, "auth_name")
-    if method == "header":
-        auth["prefix"] = str(form.get("auth_prefix") or "")
-    if method == "oauth2_client_credentials":
-        auth |= {"token_url": field(form, "token_url"), "client_id": field(form, "client_id")}
-        auth |= {name: field(form, name) for name in ("scope", "audience") if field(form, name)}
-    return auth
-
-
 async def custom(request: Request) -> Response:
     current = await visit(request)
     project = await projects.get_project(current.ctx, project_id=request.path_params["project_id"])
-    context = {"project": project, "errors": {}, "values": {"auth_method": "bearer"}}
+    values = {"auth_method": "bearer"}
+    context = {"project": project, "errors": {}, "values": values} | _auth_context(values)
     return await render(request, "custom.html", context, current=current)
 
 
@@ -183,36 +62,23 @@ async def custom_submit(request: Request) -> Response:
     current = await visit(request)
     form = await form_of(request, current)
     project = await projects.get_project(current.ctx, project_id=request.path_params["project_id"])
-    names = (
-        "provider",
-        "base_url",
-        "auth_method",
-        "auth_name",
-        "auth_prefix",
-        "token_url",
-        "client_id",
-        "scope",
-        "audience",
-    )
-    values = {name: field(form, name) for name in names}
+    values = {name: field(form, name) for name in ("provider", "base_url")} | auth_form.values_from(form)
+    values["private_networks"] = str(form.get("private_networks") or "")
     errors: dict[str, str] = {}
     try:
         check_provider_name(values["provider"])
     except ValueError as error:
-        errors["provider"] = f"The name {error}."
+        errors["provider"] = sentence("the name", str(error))
     try:
         base_url = check_base_url(values["base_url"])
     except ValueError as error:
-        errors["base_url"] = f"The base URL {error}."
-    try:
-        auth = _auth.validate_python(_auth_from(form))
-    except ValidationError as error:
-        errors["auth"] = validation_message(error.errors())
+        errors["base_url"] = sentence("the base URL", str(error))
+    auth, auth_errors = auth_form.read_auth(values)
+    errors |= auth_errors
     api_key = str(form.get("api_key") or "")
     if not api_key.strip():
         errors["api_key"] = "Enter the API key."
-    values["private_networks"] = str(form.get("private_networks") or "")
-    if not errors:
+    if not errors and auth is not None:
         try:
             await integrations.add_custom_integration(
                 current.ctx,
@@ -225,11 +91,15 @@ async def custom_submit(request: Request) -> Response:
                 actor=current.actor,
             )
         except InvalidInput as error:
-            errors |= field_error(error)
+            errors |= service_errors(error)
         except Conflict:
             errors["provider"] = "This project has an integration of that name already."
     if errors:
-        context = {"project": project, "errors": errors, "values": values}
+        if "api_key" in errors:
+            errors["api_key"] += f" {ENTER_KEY_AGAIN}" if api_key.strip() else ""
+        elif api_key.strip():
+            errors["api_key"] = f"Nothing was saved. {ENTER_KEY_AGAIN}"
+        context = {"project": project, "errors": errors, "values": values} | _auth_context(values)
         return await render(request, "custom.html", context, current=current, status=422)
     await current.flash(f"{values['provider']} created. Now allow its endpoints.")
     return redirect(f"/admin/projects/{project.id}/integrations/{values['provider']}/endpoints")
@@ -244,35 +114,82 @@ async def _integration_page(
     project_id, provider = request.path_params["project_id"], request.path_params["provider"]
     project = await projects.get_project(current.ctx, project_id=project_id)
     integration = await integrations.get_integration(current.ctx, project_id=project_id, provider=provider)
-    context = {"project": project, "integration": integration, "errors": {}, "methods": ("*", *METHODS)}
-    return await render(request, page, context | (extra or {}), current=current, status=status)
+    context: dict[str, Any] = {"project": project, "integration": integration, "errors": {}}
+    context["methods"] = ("*", *METHODS)
+    if page == "endpoints.html":
+        context["rows"] = _rows([EndpointRow(row["method"], row["path"]) for row in integration.endpoints])
+    if page == "integration.html":
+        context["values"] = _settings_of(integration)
+    context |= extra or {}
+    if page == "integration.html":
+        context |= _auth_context(context["values"], integration.key.hint if integration.key else None)
+    return await render(request, page, context, current=current, status=status)
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointRow:
+    """A row of the endpoints table as shown: stored, typed, or blank (`new`)."""
+
+    method: str
+    path: str
+    removed: bool = False
+    error: str | None = None
+    new: bool = False
+
+
+def _rows(filled: list[EndpointRow]) -> list[EndpointRow]:
+    """The filled rows, then blank ones to type new endpoints into."""
+    return filled + [EndpointRow("POST", "", new=True)] * _NEW_ENDPOINT_ROWS
 
 
 async def endpoints(request: Request) -> Response:
     current = await visit(request)
-    return await _integration_page(request, current, "endpoints.html", {"blank_rows": _NEW_ENDPOINT_ROWS})
+    return await _integration_page(request, current, "endpoints.html")
 
 
 async def endpoints_submit(request: Request) -> Response:
+    """Save the rows as typed, all or nothing: a row that is not valid is shown with its problem, every row keeps
+    what was typed in it, and nothing is stored until all are valid."""
     current = await visit(request)
     form = await form_of(request, current)
     methods, paths, removed = form.getlist("method"), form.getlist("path"), set(form.getlist("remove"))
-    rows = [
-        {"method": str(method), "path": str(path).strip()}
+    filled = [
+        EndpointRow(str(method), str(path).strip(), removed=str(index) in removed)
         for index, (method, path) in enumerate(zip(methods, paths, strict=False))
-        if str(path).strip() and str(index) not in removed
+        if str(path).strip()
     ]
+    kept = [index for index, row in enumerate(filled) if not row.removed]
     try:
-        chosen = _endpoints.validate_python(rows)
+        chosen = _endpoints.validate_python([{"method": filled[i].method, "path": filled[i].path} for i in kept])
     except ValidationError as error:
-        extra = {"blank_rows": _NEW_ENDPOINT_ROWS, "errors": {"endpoints": validation_message(error.errors())}}
-        return await _integration_page(request, current, "endpoints.html", extra, status=422)
+        problems = row_errors(error, kept, {"path": "the path", "method": "the method"})
+        return await _endpoints_refused(request, current, filled, problems)
     project_id, provider = request.path_params["project_id"], request.path_params["provider"]
-    await integrations.set_endpoints(
-        current.ctx, project_id=project_id, provider=provider, endpoints=chosen, actor=current.actor
-    )
-    await current.flash(f"Endpoints of {provider} saved.")
+    try:
+        await integrations.set_endpoints(
+            current.ctx, project_id=project_id, provider=provider, endpoints=chosen, actor=current.actor
+        )
+    except InvalidInput as error:
+        return await _endpoints_refused(request, current, filled, {}, service_errors(error).popitem()[1])
+    none = ": none is allowed, so every call to it gets 403" if not chosen else ""
+    await current.flash(f"Endpoints of {provider} saved{none}.")
     return redirect(f"/admin/projects/{project_id}/integrations/{provider}/endpoints")
+
+
+async def _endpoints_refused(
+    request: Request, current: Visit, filled: list[EndpointRow], problems: dict[int, str], summary: str = ""
+) -> Response:
+    rows = _rows(
+        [
+            EndpointRow(row.method, row.path, removed=row.removed, error=problems.get(index))
+            for index, row in enumerate(filled)
+        ]
+    )
+    if not summary:
+        numbers = ", ".join(str(index + 1) for index in sorted(problems))
+        summary = f"Nothing was saved: fix row{'s' if len(problems) > 1 else ''} {numbers}, then save again."
+    extra = {"rows": rows, "errors": {"endpoints": summary}}
+    return await _integration_page(request, current, "endpoints.html", extra, status=422)
 
 
 def _lines(text: str) -> list[str]:
@@ -280,15 +197,54 @@ def _lines(text: str) -> list[str]:
     return [line.strip() for line in text.splitlines() if line.strip()]
 
 
-def _pairs(text: str) -> dict[str, str]:
-    """`Name: value` lines (headers) or `name=value` lines (query parameters)."""
-    pairs = {}
-    for line in text.splitlines():
-        if line.strip():
-            separator = ":" if ":" in line and ("=" not in line or line.index(":") < line.index("=")) else "="
-            name, _, value = line.partition(separator)
-            pairs[name.strip()] = value.strip()
-    return pairs
+def _pairs(text: str, kind: str) -> tuple[dict[str, str], str | None]:
+    """`Name: value` lines (headers) or `name=value` lines (query parameters), each checked on its own, and the
+    first problem, naming its line (from 1)."""
+    what = {"headers": "Default headers", "query": "Default query parameters"}[kind]
+    pairs: dict[str, str] = {}
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        separator = ":" if ":" in line and ("=" not in line or line.index(":") < line.index("=")) else "="
+        name, _, value = line.partition(separator)
+        pair = {name.strip(): value.strip()}
+        where = f"{what}, line {number}"
+        if kind == "headers":
+            try:
+                check_header_name(name.strip())
+            except ValueError as error:
+                return pairs, line_error(error, where=where, label="the header name")
+        try:
+            pairs |= (_headers if kind == "headers" else _query).validate_python(pair)
+        except ValidationError as error:
+            return pairs, line_error(error, where=where, label=None if kind == "headers" else "the parameter name")
+    try:
+        return (_headers if kind == "headers" else _query).validate_python(pairs), None
+    except ValidationError as error:
+        return pairs, line_error(error, where=what, label=None)
+
+
+def _settings_of(integration: Integration) -> dict[str, Any]:
+    """The settings form's values, as stored."""
+    return {
+        "enabled": integration.enabled,
+        "base_url": integration.base_url,
+        "timeout_seconds": integration.timeout_seconds,
+        "stream_idle_timeout_seconds": integration.stream_idle_timeout_seconds,
+        "headers": "".join(f"{name}: {value}\n" for name, value in integration.headers.items()),
+        "query": "".join(f"{name}={value}\n" for name, value in integration.query.items()),
+        "private_networks": "".join(f"{entry}\n" for entry in integration.private_networks),
+    } | auth_form.values_of(integration.auth)
+
+
+def _settings_from(form: FormData, integration: Integration) -> dict[str, Any]:
+    """The settings form's values, as posted (the auth fields as stored when the form has none)."""
+    values: dict[str, Any] = {name: field(form, name) for name in ("base_url", "timeout_seconds")}
+    values["stream_idle_timeout_seconds"] = field(form, "stream_idle_timeout_seconds")
+    values |= {name: str(form.get(name) or "") for name in ("headers", "query", "private_networks")}
+    values["enabled"] = form.get("enabled") == "on"
+    posted = "auth_method" in form
+    return values | (auth_form.values_from(form) if posted else auth_form.values_of(integration.auth))
 
 
 async def settings(request: Request) -> Response:
@@ -299,26 +255,29 @@ async def settings(request: Request) -> Response:
 async def settings_submit(request: Request) -> Response:
     current = await visit(request)
     form = await form_of(request, current)
+    project_id, provider = request.path_params["project_id"], request.path_params["provider"]
+    integration = await integrations.get_integration(current.ctx, project_id=project_id, provider=provider)
+    values = _settings_from(form, integration)
     errors: dict[str, str] = {}
-    changes: dict[str, Any] = {
-        "enabled": form.get("enabled") == "on",
-        "private_networks": _lines(str(form.get("private_networks") or "")),
-    }
-    for name, parse in (("headers", _headers), ("query", _query)):
-        try:
-            changes[name] = parse.validate_python(_pairs(field(form, name)))
-        except ValidationError as error:
-            errors[name] = validation_message(error.errors())
+    changes: dict[str, Any] = {"enabled": values["enabled"], "private_networks": _lines(values["private_networks"])}
+    for name in ("headers", "query"):
+        changes[name], problem = _pairs(values[name], name)
+        if problem is not None:
+            errors[name] = problem
     try:
-        changes["base_url"] = check_base_url(field(form, "base_url"))
+        changes["base_url"] = check_base_url(values["base_url"])
     except ValueError as error:
-        errors["base_url"] = f"The base URL {error}."
+        errors["base_url"] = sentence("the base URL", str(error))
     for name, kind in (("timeout_seconds", TimeoutSeconds), ("stream_idle_timeout_seconds", StreamIdleTimeoutSeconds)):
         try:
-            changes[name] = parse_float(name, kind, field(form, name))
+            changes[name] = parse_float(name, kind, values[name])
         except InvalidInput as error:
-            errors |= field_error(error)
-    project_id, provider = request.path_params["project_id"], request.path_params["provider"]
+            errors |= service_errors(error)
+    auth, auth_errors = auth_form.read_auth(values)
+    errors |= auth_errors
+    auth_changed = auth is not None and not auth_form.same_auth(integration.auth, auth)
+    if auth_changed:
+        changes["auth"] = auth
     if not errors:
         try:
             await integrations.update_integration(
@@ -329,10 +288,16 @@ async def settings_submit(request: Request) -> Response:
                 actor=current.actor,
             )
         except InvalidInput as error:
-            errors |= field_error(error)
+            errors |= service_errors(error)
+        except Conflict as error:
+            errors["form"] = sentence(None, error.message)
     if errors:
-        return await _integration_page(request, current, "integration.html", {"errors": errors}, status=422)
-    await current.flash(f"Settings of {provider} saved.")
+        extra = {"values": values, "errors": errors}
+        return await _integration_page(request, current, "integration.html", extra, status=422)
+    told = ""
+    if auth_changed:
+        told = " The key is now sent another way: if it does not fit the new method, set it again."
+    await current.flash(f"Settings of {provider} saved.{told}")
     return redirect(f"/admin/projects/{project_id}/integrations/{provider}")
 
 
@@ -356,7 +321,10 @@ async def key_submit(request: Request) -> Response:
             actor=current.actor,
         )
     except InvalidInput as error:
-        extra = {"mode": mode, "errors": field_error(error)}
+        problems = service_errors(error)
+        if "api_key" in problems:
+            problems["api_key"] += f" {ENTER_KEY_AGAIN}"
+        extra = {"mode": mode, "errors": problems}
         return await _integration_page(request, current, "key.html", extra, status=422)
     done = "rotated: requests from now on use the new key" if mode == "rotate" else "saved"
     await current.flash(f"Key of {provider} {done}.")
@@ -417,10 +385,7 @@ async def delete(request: Request) -> Response:
 
 _INTEGRATION = "/projects/{project_id}/integrations/{provider}"
 routes = [
-    Route("/projects/{project_id}/add", add_api, methods=["GET"]),
-    Route("/projects/{project_id}/add", add_api_submit, methods=["POST"]),
-    Route("/projects/{project_id}/add/review", review, methods=["GET"]),
-    Route("/projects/{project_id}/add/review", save, methods=["POST"]),
+    *add_api_pages.routes,
     Route("/projects/{project_id}/custom", custom, methods=["GET"]),
     Route("/projects/{project_id}/custom", custom_submit, methods=["POST"]),
     Route(_INTEGRATION, settings, methods=["GET"]),

@@ -7,7 +7,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from credgate.admin_ui.base import Visit, field, field_error, form_of, redirect, render, visit
+from credgate.admin_ui.base import Visit, field, form_of, redirect, render, visit
+from credgate.admin_ui.messages import service_errors
 from credgate.errors import Conflict, InvalidInput, Unavailable
 from credgate.services import integrations, key_pools, projects, verification
 from credgate.services.integrations import IntegrationChanges
@@ -69,7 +70,7 @@ async def add(request: Request) -> Response:
         )
     except (InvalidInput, Conflict) as error:
         # The label comes back; the key never does, and the message says so next to its field.
-        errors = field_error(error) if isinstance(error, InvalidInput) else {"api_key": error.message}
+        errors = service_errors(error) if isinstance(error, InvalidInput) else {"api_key": error.message}
         if "api_key" not in errors:
             errors["api_key"] = "Enter the key again: it is never sent back to the page."
         return await _pool_page(request, current, {"errors": errors, "label": label}, status=422)
