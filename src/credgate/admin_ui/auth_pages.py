@@ -20,7 +20,10 @@ from credgate.services import panel_sessions
 
 async def _login_form(request: Request, *, error: str = "", username: str = "", status: int = 200) -> Response:
     token = new_csrf_token()  # double-submit: no session exists yet to hold it
-    response = await render(request, "login.html", {"csrf": token, "error": error, "username": username}, status=status)
+    # With no account yet, nobody can sign in: the page points at the setup link `credgate serve` printed.
+    first_run = not await panel_sessions.admin_exists(panel_of(request).ctx)
+    context = {"csrf": token, "error": error, "username": username, "first_run": first_run}
+    response = await render(request, "login.html", context, status=status)
     response.set_cookie(LOGIN_CSRF_COOKIE, token, max_age=3600, **cookie_options(request))  # type: ignore[arg-type]
     return response
 
@@ -63,12 +66,20 @@ async def logout(request: Request) -> Response:
     return response
 
 
+async def _setup_link_refused(request: Request) -> Response:
+    """A used link says so and leads to the sign-in; any other says where a valid one comes from."""
+    used = await panel_sessions.admin_exists(panel_of(request).ctx)
+    message = (
+        "This setup link is not valid any more: it has been used already" if used else "This setup link is not valid"
+    )
+    context = {"status": 404, "message": message, "reason": "setup-used" if used else "setup-unknown"}
+    return await render(request, "error.html", context, status=404)
+
+
 async def setup_page(request: Request) -> Response:
     token = request.query_params.get("token", "")
     if not await panel_sessions.setup_token_valid(panel_of(request).ctx, token=token):
-        return await render(
-            request, "error.html", {"status": 404, "message": "This setup link is not valid."}, status=404
-        )
+        return await _setup_link_refused(request)
     return await render(request, "setup.html", {"token": token, "errors": {}, "username": ""})
 
 
@@ -88,9 +99,7 @@ async def setup(request: Request) -> Response:
         except InvalidInput as error:
             errors |= field_error(error)
         except Unauthorized:
-            return await render(
-                request, "error.html", {"status": 404, "message": "This setup link is not valid."}, status=404
-            )
+            return await _setup_link_refused(request)
     if errors:
         return await render(request, "setup.html", {"token": token, "errors": errors, "username": username}, status=422)
     return redirect("/admin/login?created=1")

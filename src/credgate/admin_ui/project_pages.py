@@ -16,8 +16,27 @@ from credgate.services import audit, integrations, projects, usage
 from credgate.services.projects import current_token
 
 _CHART_DAYS = 14
+# A rotated token's overlap: the previous one keeps working this long unless the form says otherwise, so that
+# clients can move to the new one without an outage. The choices offered next to the field, in seconds.
+DEFAULT_GRACE_SECONDS = 3600
+GRACE_CHOICES = {
+    0: "stops it at once",
+    300: "5 minutes",
+    3600: "1 hour (the default)",
+    86400: "1 day",
+    604800: "1 week",
+}
 # How the usage page's totals may be grouped: the `by` query parameter, and the table's first column.
 USAGE_GROUPS = {"provider": "Provider", "subject": "End user"}
+
+
+def duration_text(seconds: int) -> str:
+    """A whole number of seconds as a person says it: "1 hour", "90 minutes", "2 days", "45 seconds"."""
+    for unit, size in (("week", 604800), ("day", 86400), ("hour", 3600), ("minute", 60)):
+        if seconds >= size and seconds % size == 0:
+            count = seconds // size
+            return f"{count} {unit}{'s' if count != 1 else ''}"
+    return f"{seconds} second{'s' if seconds != 1 else ''}"
 
 
 def _whole_number(form: FormData, name: str, kind: object) -> int | None:
@@ -64,6 +83,8 @@ async def show_project(
         "integrations": found,
         "errors": errors or {},
         "end_users": end_users or shown_fields(project),
+        "grace_default": DEFAULT_GRACE_SECONDS,
+        "grace_choices": GRACE_CHOICES,
     }
     return await render(request, "project.html", context, current=current, status=status)
 
@@ -108,7 +129,8 @@ async def rotate_token(request: Request) -> Response:
     form = await form_of(request, current)
     project_id = request.path_params["project_id"]
     try:
-        grace = _whole_number(form, "grace_seconds", GraceSeconds) or 0
+        grace = _whole_number(form, "grace_seconds", GraceSeconds)
+        grace = DEFAULT_GRACE_SECONDS if grace is None else grace
         expires = _whole_number(form, "expires_in_days", ExpiresInDays)
         _, secret = await projects.rotate_project_token(
             current.ctx,
@@ -119,9 +141,24 @@ async def rotate_token(request: Request) -> Response:
         )
     except InvalidInput as error:
         return await show_project(request, errors=field_error(error), status=422)
-    note = f"the previous token keeps working for {grace} seconds" if grace else "the previous token stopped working"
-    await current.flash(f"New project token issued; {note}.", secret=secret)
+    kept = f"keeps working for {duration_text(grace)}" if grace else "stopped working"
+    await current.flash(f"New project token issued; the previous token {kept}.", secret=secret)
     return redirect(f"/admin/projects/{project_id}")
+
+
+async def confirm_revoke_token(request: Request) -> Response:
+    current = await visit(request)
+    project = await projects.get_project(current.ctx, project_id=request.path_params["project_id"])
+    context = {
+        "title": f"Revoke the token of {project.name}?",
+        "consequence": "Every client that sends it gets 401 at once, and so does a previous token still in its "
+        "overlap; client tokens minted with it stop too. Nothing can call this project until you issue a new "
+        "token. To replace the token without an outage, use Rotate token with an overlap instead.",
+        "action": f"/admin/projects/{project.id}/token/revoke",
+        "button": "Revoke token",
+        "back": f"/admin/projects/{project.id}",
+    }
+    return await render(request, "confirm.html", context, current=current)
 
 
 async def revoke_token(request: Request) -> Response:
@@ -193,7 +230,9 @@ async def show_usage(request: Request) -> Response:
 async def show_audit(request: Request) -> Response:
     current = await visit(request)
     events = await audit.list_audit_events(current.ctx, limit=200)
-    return await render(request, "audit.html", {"events": events}, current=current)
+    # Events name a project by id; the page shows its name too, and a deleted project's id as it was.
+    names = {project.id: project.name for project in await projects.list_projects(current.ctx)}
+    return await render(request, "audit.html", {"events": events, "names": names}, current=current)
 
 
 routes = [
@@ -203,6 +242,7 @@ routes = [
     Route("/projects/{project_id}", update_project, methods=["POST"]),
     Route("/projects/{project_id}/end-users", update_end_users, methods=["POST"]),
     Route("/projects/{project_id}/token/rotate", rotate_token, methods=["POST"]),
+    Route("/projects/{project_id}/token/revoke", confirm_revoke_token, methods=["GET"]),
     Route("/projects/{project_id}/token/revoke", revoke_token, methods=["POST"]),
     Route("/projects/{project_id}/delete", confirm_delete, methods=["GET"]),
     Route("/projects/{project_id}/delete", delete_project, methods=["POST"]),

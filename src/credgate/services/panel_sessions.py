@@ -95,6 +95,12 @@ async def issue_setup_token(ctx: Context) -> str | None:
     return token
 
 
+async def admin_exists(ctx: Context) -> bool:
+    """Whether a panel account exists; until one does, each `credgate serve` prints a one-time setup link."""
+    async with ctx.database.transaction(write=False) as repo:
+        return await repo.count_admin_users() > 0
+
+
 async def setup_token_valid(ctx: Context, *, token: str) -> bool:
     async with ctx.database.transaction(write=False) as repo:
         stored = await repo.get_meta(SETUP_META_NAME)
