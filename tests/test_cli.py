@@ -389,3 +389,22 @@ def test_browser_and_end_user_settings(credgate: Any) -> None:
     )
     assert per_user.exit_code == 0, per_user.output
     assert json.loads(per_user.output)["per_subject"] is True
+
+
+def test_admin_roles_are_granted_by_the_cli_and_checked(credgate: Any) -> None:
+    project = project_id(credgate)
+    token = credgate("admin", "create-token", "--role", "project_admin", "--project", project)
+    assert token.exit_code == 0, token.output
+    assert token.output.startswith("cga_")
+    refused = credgate("admin", "create-token", "--role", "project_admin")
+    assert refused.exit_code == 2
+    assert "at least one project" in refused.output
+    unknown = credgate("admin", "create-token", "--role", "viewer", "--project", "prj_missing")
+    assert unknown.exit_code == 2
+    created = credgate("admin", "create-user", "ann", "--password-stdin", "--role", "viewer", stdin="a long password\n")
+    assert created.exit_code == 0, created.output
+    changed = credgate("admin", "set-role", "ann", "--role", "project_admin", "--project", project)
+    assert (changed.exit_code, changed.output) == (0, "user ann is now project_admin\n")
+    assert credgate("admin", "set-role", "bob", "--role", "viewer").exit_code == 3
+    actions = [entry["action"] for entry in json.loads(credgate("audit").output)["items"]]
+    assert actions[0] == "admin_user.set_role"

@@ -68,6 +68,7 @@ from credgate.limits import (
     parse_float,
     parse_int,
 )
+from credgate.roles import ROLES, Role
 from credgate.runtime import Runtime
 from credgate.server import bind_listeners, configure_logging, exit_zero_on_sigterm, run_workers, server_config
 from credgate.services import (
@@ -315,23 +316,65 @@ def admin() -> None:
     """Admin tokens and panel users."""
 
 
+_role_option = click.option(
+    "--role",
+    type=click.Choice(ROLES),
+    default=Role.OWNER.value,
+    show_default=True,
+    help="owner: everything; project_admin: the --project ones; viewer: read-only (of the --project ones if given).",
+)
+_project_option = click.option(
+    "--project", "project_ids", multiple=True, metavar="ID", help="A project granted (repeat for more)."
+)
+
+
 @admin.command("create-token")
 @click.option("--name", default="admin", show_default=True, help="A label for the audit log.")
+@_role_option
+@_project_option
 @pass_settings
-def admin_create_token(settings: Settings, name: str) -> None:
-    """Print a new admin API token (shown only now)."""
-    click.echo(_run(settings, lambda ctx: admins.create_admin_token(ctx, name=name, actor=_actor())))
+def admin_create_token(settings: Settings, name: str, role: str, project_ids: tuple[str, ...]) -> None:
+    """Print a new admin API token with its role (shown only now)."""
+    click.echo(
+        _run(
+            settings,
+            lambda ctx: admins.create_admin_token(ctx, name=name, actor=_actor(), role=role, project_ids=project_ids),
+        )
+    )
 
 
 @admin.command("create-user")
 @click.argument("username")
 @click.option("--password-stdin", is_flag=True, required=True, help="Read the password from standard input.")
+@_role_option
+@_project_option
 @pass_settings
-def admin_create_user(settings: Settings, username: str, password_stdin: bool) -> None:
-    """Create a panel login."""
+def admin_create_user(
+    settings: Settings, username: str, password_stdin: bool, role: str, project_ids: tuple[str, ...]
+) -> None:
+    """Create a panel login with its role."""
     password = _read_secret("password")
-    _run(settings, lambda ctx: admins.create_admin_user(ctx, username=username, password=password, actor=_actor()))
+    _run(
+        settings,
+        lambda ctx: admins.create_admin_user(
+            ctx, username=username, password=password, actor=_actor(), role=role, project_ids=project_ids
+        ),
+    )
     click.echo(f"user {username} created")
+
+
+@admin.command("set-role")
+@click.argument("username")
+@click.option("--role", type=click.Choice(ROLES), required=True, help="owner, project_admin or viewer.")
+@_project_option
+@pass_settings
+def admin_set_role(settings: Settings, username: str, role: str, project_ids: tuple[str, ...]) -> None:
+    """Give a panel user another role (and its projects); it applies from the user's next page."""
+    _run(
+        settings,
+        lambda ctx: admins.set_admin_role(ctx, username=username, role=role, project_ids=project_ids, actor=_actor()),
+    )
+    click.echo(f"user {username} is now {role}")
 
 
 @main.group("projects")

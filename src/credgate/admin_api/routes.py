@@ -47,6 +47,7 @@ from credgate.error_responses import ERROR_RESPONSES
 from credgate.errors import Unauthorized
 from credgate.limits import ListLimit, Moment
 from credgate.resolved import ResolvedIntegration
+from credgate.roles import Principal
 from credgate.services import admins, audit, budgets, events, integrations, key_pools, projects, usage, verification
 from credgate.services.context import Context
 from credgate.services.verification import Verification
@@ -73,10 +74,30 @@ class AuthenticatedRoute(APIRoute):
             except Unauthorized as error:
                 error.headers["WWW-Authenticate"] = "Bearer"
                 raise
-            request.state.actor = actor_of(admin)
+            principal = Principal.of(actor=actor_of(admin), role=admin.role, project_ids=admin.project_ids)
+            _check_role(principal, request.method, self.path, request.path_params.get("project_id"))
+            request.state.principal = principal
             return await handle(request)
 
         return authenticate_then_handle
+
+
+# What only an owner may do, beyond any change that names no project (credgate.roles).
+_OWNER_ONLY = {("DELETE", "/api/v1/projects/{project_id}"), ("GET", "/api/v1/audit/export")}
+# Reads that name no project and answer each admin what it may see, checked by the route itself.
+_SELF_CHECKED_READS = {"/api/v1/projects", "/api/v1/templates", "/api/v1/audit"}
+
+
+def _check_role(principal: Principal, method: str, path: str, project_id: str | None) -> None:
+    """Every route's check, by its method and project, so that a new route cannot go unchecked: a read of a
+    project needs `may_read`, any other method `may_change`; without a project, a change is the owner's."""
+    reading = method in ("GET", "HEAD")
+    if (method, path) in _OWNER_ONLY or (not reading and project_id is None):
+        principal.require_owner(f"{method} {path}")
+    elif project_id is not None:
+        (principal.require_read if reading else principal.require_change)(project_id)
+    elif path not in _SELF_CHECKED_READS:
+        principal.require_read(None)
 
 
 router = APIRouter(prefix="/api/v1", route_class=AuthenticatedRoute, responses=ERROR_RESPONSES)
@@ -119,13 +140,19 @@ ContextDep = Annotated[Context, Depends(get_context)]
 
 async def require_admin(
     request: Request, _credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
-) -> str:
-    """The acting admin's name for the audit log (authenticated by the route; declared for OpenAPI)."""
-    actor: str = request.state.actor
-    return actor
+) -> Principal:
+    """The acting admin, authenticated and its role checked by the route (declared here for OpenAPI)."""
+    principal: Principal = request.state.principal
+    return principal
 
 
-Actor = Annotated[str, Depends(require_admin)]
+async def require_actor(principal: Annotated[Principal, Depends(require_admin)]) -> str:
+    """The acting admin's name for the audit log."""
+    return principal.actor
+
+
+Admin = Annotated[Principal, Depends(require_admin)]
+Actor = Annotated[str, Depends(require_actor)]
 
 
 # projects
@@ -138,8 +165,10 @@ async def create_project(body: ProjectIn, ctx: ContextDep, actor: Actor) -> Proj
 
 
 @router.get("/projects")
-async def list_projects(ctx: ContextDep, _actor: Actor) -> ItemsOut[ProjectOut]:
-    return ItemsOut(items=[ProjectOut.of(project) for project in await projects.list_projects(ctx)])
+async def list_projects(ctx: ContextDep, admin: Admin) -> ItemsOut[ProjectOut]:
+    """The projects this admin may read."""
+    found = [project for project in await projects.list_projects(ctx) if admin.may_read(project.id)]
+    return ItemsOut(items=[ProjectOut.of(project) for project in found])
 
 
 @router.get("/projects/{project_id}")
@@ -509,10 +538,12 @@ async def get_usage(
 @router.get("/audit")
 async def list_audit_events(
     ctx: ContextDep,
-    _actor: Actor,
+    admin: Admin,
     limit: Annotated[ListLimit, Query()] = 100,
     project_id: str | None = None,
 ) -> ItemsOut[AuditEventOut]:
+    """The newest entries; of one project, or (for an admin that may read every project) of all."""
+    admin.require_read(project_id)
     events = await audit.list_audit_events(ctx, limit=limit, project_id=project_id)
     return ItemsOut(items=[AuditEventOut.of(event) for event in events])
 

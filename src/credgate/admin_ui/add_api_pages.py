@@ -148,7 +148,7 @@ async def _details(
 
 async def add_api(request: Request) -> Response:
     """Step 1: the provider; step 2 (`?provider=`): the key (first setup only), base URL and template."""
-    current = await visit(request)
+    current = await visit(request, changing=True)
     project = await projects.get_project(current.ctx, project_id=request.path_params["project_id"])
     catalog = _catalog(current)
     provider = request.query_params.get("provider", "")
@@ -208,7 +208,7 @@ async def _pending(request: Request, current: Visit) -> tuple[PendingSetup, Temp
 
 
 async def review(request: Request) -> Response:
-    current = await visit(request)
+    current = await visit(request, changing=True)
     project_id = request.path_params["project_id"]
     found = await _pending(request, current)
     if found is None:

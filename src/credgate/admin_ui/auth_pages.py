@@ -58,7 +58,7 @@ async def login(request: Request) -> Response:
 
 
 async def logout(request: Request) -> Response:
-    current = await visit(request)
+    current = await visit(request, changing=False)
     await form_of(request, current)
     await panel_sessions.sign_out(current.ctx, session_id=current.user.session_id)
     response = redirect("/admin/login")

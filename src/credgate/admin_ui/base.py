@@ -14,6 +14,7 @@ from credgate import limits
 from credgate.admin_ui.security import SignInThrottle, check_csrf, check_origin, session_cookie_name
 from credgate.errors import InvalidInput
 from credgate.key_shapes import KEY_SHAPES
+from credgate.roles import Principal
 from credgate.services.context import Context
 from credgate.services.panel_sessions import SignedIn, resume_session
 from credgate.services.panel_state import flash_message, take_flash
@@ -54,6 +55,10 @@ class Visit:
     def actor(self) -> str:
         return f"user:{self.user.username}"
 
+    @property
+    def principal(self) -> Principal:
+        return Principal.of(actor=self.actor, role=self.user.role, project_ids=self.user.project_ids, kind="user")
+
     async def flash(self, message: str, *, secret: str | None = None) -> None:
         """Show `message` (and the one-time `secret`) on this session's next page, whichever process serves it."""
         await flash_message(self.ctx, session_id=self.user.session_id, message=message, secret=secret)
@@ -64,14 +69,25 @@ def panel_of(request: Request) -> Panel:
     return panel
 
 
-async def visit(request: Request) -> Visit:
-    """The signed-in admin of this request, or SignInRequired."""
+async def visit(request: Request, *, changing: bool | None = None) -> Visit:
+    """The signed-in admin of this request, or SignInRequired; and Forbidden unless its role allows the page.
+
+    Every page checks here, by its project and whether it changes something (a POST does; a form's page says
+    so): a project's page needs `may_read`, a change `may_change`; a change that names no project is the owner's.
+    """
     panel = panel_of(request)
     secret = request.cookies.get(session_cookie_name(request))
     user = await resume_session(panel.ctx, secret=secret) if secret else None
     if user is None:
         raise SignInRequired
-    return Visit(panel=panel, user=user)
+    current = Visit(panel=panel, user=user)
+    changing = request.method not in ("GET", "HEAD") if changing is None else changing
+    project_id = request.path_params.get("project_id")
+    if project_id is not None:
+        (current.principal.require_change if changing else current.principal.require_read)(project_id)
+    elif changing:
+        current.principal.require_owner(f"{request.method} {request.url.path}")
+    return current
 
 
 async def form_of(request: Request, current: Visit) -> FormData:
@@ -99,6 +115,11 @@ async def render(
     if current is not None:
         flash = await take_flash(current.ctx, session_id=current.user.session_id)
         values |= {"user": current.user, "csrf": current.user.csrf_token, "messages": flash.messages}
+        # What the role allows on this page: its forms, and links to forms, show only then (credgate.roles).
+        project_id = request.path_params.get("project_id")
+        principal = current.principal
+        may_change = principal.may_change(project_id) if project_id else principal.may_administer()
+        values |= {"principal": principal, "may_change": may_change, "may_administer": principal.may_administer()}
         values.setdefault("secret", flash.secret)
     return templates.TemplateResponse(request, page, values, status_code=status)
 

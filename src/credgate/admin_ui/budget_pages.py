@@ -127,7 +127,7 @@ async def change(request: Request) -> Response:
 
 
 async def remove_confirm(request: Request) -> Response:
-    current = await visit(request)
+    current = await visit(request, changing=True)
     context = {
         "title": "Remove this budget?",
         "consequence": "Requests are no longer counted against it; what was spent stays in the request log.",

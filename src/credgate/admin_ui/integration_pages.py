@@ -51,7 +51,7 @@ def _auth_context(values: dict[str, str], hint: str | None = None) -> dict[str, 
 
 
 async def custom(request: Request) -> Response:
-    current = await visit(request)
+    current = await visit(request, changing=True)
     project = await projects.get_project(current.ctx, project_id=request.path_params["project_id"])
     values = {"auth_method": "bearer"}
     context = {"project": project, "errors": {}, "values": values} | _auth_context(values)
@@ -302,7 +302,7 @@ async def settings_submit(request: Request) -> Response:
 
 
 async def key_form(request: Request) -> Response:
-    current = await visit(request)
+    current = await visit(request, changing=True)
     mode = "rotate" if request.query_params.get("mode") == "rotate" else "edit"
     return await _integration_page(request, current, "key.html", {"mode": mode})
 
@@ -340,7 +340,7 @@ async def _confirm(
 
 
 async def revoke_confirm(request: Request) -> Response:
-    current = await visit(request)
+    current = await visit(request, changing=True)
     provider = request.path_params["provider"]
     return await _confirm(
         request,
@@ -362,7 +362,7 @@ async def revoke(request: Request) -> Response:
 
 
 async def delete_confirm(request: Request) -> Response:
-    current = await visit(request)
+    current = await visit(request, changing=True)
     provider = request.path_params["provider"]
     return await _confirm(
         request,

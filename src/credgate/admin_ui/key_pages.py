@@ -138,7 +138,7 @@ async def _verify(request: Request, current: Visit, key_id: str) -> Response:
 
 
 async def remove_confirm(request: Request) -> Response:
-    current = await visit(request)
+    current = await visit(request, changing=True)
     context = {
         "title": "Remove this key from the pool?",
         "consequence": "The key is destroyed. The other keys of the pool go on serving; with none left in service, "

@@ -47,7 +47,7 @@ def _whole_number(form: FormData, name: str, kind: object) -> int | None:
 
 async def list_projects(request: Request) -> Response:
     current = await visit(request)
-    found = await projects.list_projects(current.ctx)
+    found = [project for project in await projects.list_projects(current.ctx) if current.principal.may_read(project.id)]
     rows = [(project, current_token(project)) for project in found]
     return await render(request, "projects.html", {"rows": rows, "errors": {}}, current=current)
 
@@ -147,7 +147,7 @@ async def rotate_token(request: Request) -> Response:
 
 
 async def confirm_revoke_token(request: Request) -> Response:
-    current = await visit(request)
+    current = await visit(request, changing=True)
     project = await projects.get_project(current.ctx, project_id=request.path_params["project_id"])
     context = {
         "title": f"Revoke the token of {project.name}?",
@@ -171,7 +171,8 @@ async def revoke_token(request: Request) -> Response:
 
 
 async def confirm_delete(request: Request) -> Response:
-    current = await visit(request)
+    current = await visit(request, changing=True)
+    current.principal.require_owner("deleting a project")
     project = await projects.get_project(current.ctx, project_id=request.path_params["project_id"])
     context = {
         "title": f"Delete project {project.name}?",
@@ -185,6 +186,7 @@ async def confirm_delete(request: Request) -> Response:
 
 async def delete_project(request: Request) -> Response:
     current = await visit(request)
+    current.principal.require_owner("deleting a project")
     await form_of(request, current)
     await projects.delete_project(current.ctx, project_id=request.path_params["project_id"], actor=current.actor)
     await current.flash("Project deleted.")
@@ -229,7 +231,12 @@ async def show_usage(request: Request) -> Response:
 
 async def show_audit(request: Request) -> Response:
     current = await visit(request)
-    events = await audit.list_audit_events(current.ctx, limit=200)
+    # An admin limited to some projects sees their entries among the latest, and none that names no project.
+    events = [
+        event
+        for event in await audit.list_audit_events(current.ctx, limit=200)
+        if current.principal.may_read(event.project_id)
+    ]
     # Events name a project by id; the page shows its name too, and a deleted project's id as it was.
     names = {project.id: project.name for project in await projects.list_projects(current.ctx)}
     return await render(request, "audit.html", {"events": events, "names": names}, current=current)

@@ -72,7 +72,7 @@ async def change(request: Request) -> Response:
 
 
 async def remove_confirm(request: Request) -> Response:
-    current = await visit(request)
+    current = await visit(request, changing=True)
     context = {
         "title": "Remove this webhook?",
         "consequence": "No event is posted to it any more; its secret and its delivery log go with it.",

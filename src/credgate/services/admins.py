@@ -1,13 +1,17 @@
 """Admins: API tokens (`cga_…`) for the admin API and CLI scripts, and panel users with argon2 passwords."""
 
+from collections.abc import Iterable
 from datetime import timedelta
+from typing import Any
 
 from argon2 import PasswordHasher
 
 from credgate.crypto import generate_token, hash_token
-from credgate.errors import Conflict, InvalidInput, Unauthorized
+from credgate.errors import Conflict, InvalidInput, NotFound, Unauthorized
 from credgate.limits import Name, Password, within
+from credgate.roles import Role, checked_grant
 from credgate.services.context import Context, new_id
+from credgate.storage import Repository
 from credgate.storage.models import AdminToken, AdminUser
 
 ADMIN_TOKEN_PREFIX = "cga_"  # noqa: S105 - a public prefix, not a secret
@@ -15,16 +19,37 @@ _LAST_USED_RESOLUTION = timedelta(minutes=1)  # coarse, so reads do not turn int
 _password_hasher = PasswordHasher()
 
 
-async def create_admin_token(ctx: Context, *, name: str, actor: str) -> str:
-    """Issue an admin token; its value is returned only here."""
+async def create_admin_token(
+    ctx: Context, *, name: str, actor: str, role: str = Role.OWNER, project_ids: Iterable[str] = ()
+) -> str:
+    """Issue an admin token with its role (credgate.roles); its value is returned only here."""
     name = within("name", Name, name)
+    role, granted = checked_grant(role, project_ids)
     secret = generate_token(ADMIN_TOKEN_PREFIX)
     token = AdminToken(
-        id=new_id("adm"), name=name, token_hash=hash_token(secret), prefix=secret[:8], created_at=ctx.clock()
+        id=new_id("adm"),
+        name=name,
+        token_hash=hash_token(secret),
+        prefix=secret[:8],
+        created_at=ctx.clock(),
+        role=role.value,
+        project_ids=granted,
     )
-    async with ctx.change(actor=actor, action="admin_token.create") as repo:
+    async with ctx.change(actor=actor, action="admin_token.create", detail=_grant(role, granted)) as repo:
+        await _require_projects(repo, granted)
         repo.add(token)
     return secret
+
+
+async def _require_projects(repo: Repository, project_ids: list[str]) -> None:
+    for project_id in project_ids:
+        if await repo.get_project(project_id) is None:
+            raise InvalidInput("project_ids", f"no project {project_id}")
+
+
+def _grant(role: Role, project_ids: list[str], **named: str) -> dict[str, Any]:
+    """The audit entry's detail of an admin given a role: the role and its projects (and whom, when changed)."""
+    return {**named, "role": role.value, "project_ids": project_ids}
 
 
 async def authenticate_admin(ctx: Context, *, token: str | None) -> AdminToken:
@@ -44,22 +69,49 @@ async def authenticate_admin(ctx: Context, *, token: str | None) -> AdminToken:
     return admin
 
 
-def new_admin_user(ctx: Context, *, username: str, password: str) -> AdminUser:
-    """A validated user row with its password hashed (argon2id); not stored yet."""
+def new_admin_user(
+    ctx: Context, *, username: str, password: str, role: str = Role.OWNER, project_ids: Iterable[str] = ()
+) -> AdminUser:
+    """A validated user row with its password hashed (argon2id) and its role checked; not stored yet."""
     username = within("username", Name, username.strip())
     if any(char.isspace() for char in username):
         raise InvalidInput("username", "may not hold white space")
     within("password", Password, password)
+    checked, granted = checked_grant(role, project_ids)
     return AdminUser(
-        id=new_id("usr"), username=username, password_hash=_password_hasher.hash(password), created_at=ctx.clock()
+        id=new_id("usr"),
+        username=username,
+        password_hash=_password_hasher.hash(password),
+        created_at=ctx.clock(),
+        role=checked.value,
+        project_ids=granted,
     )
 
 
-async def create_admin_user(ctx: Context, *, username: str, password: str, actor: str) -> AdminUser:
+async def create_admin_user(
+    ctx: Context, *, username: str, password: str, actor: str, role: str = Role.OWNER, project_ids: Iterable[str] = ()
+) -> AdminUser:
     """Create a panel login; the password is stored only as an argon2id hash."""
-    user = new_admin_user(ctx, username=username, password=password)
-    async with ctx.change(actor=actor, action="admin_user.create") as repo:
+    user = new_admin_user(ctx, username=username, password=password, role=role, project_ids=project_ids)
+    grant = _grant(Role(user.role), user.project_ids)
+    async with ctx.change(actor=actor, action="admin_user.create", detail=grant) as repo:
         if await repo.find_admin_user(user.username) is not None:
             raise Conflict(f"user {user.username} already exists")
+        await _require_projects(repo, user.project_ids)
         repo.add(user)
+    return user
+
+
+async def set_admin_role(
+    ctx: Context, *, username: str, role: str, project_ids: Iterable[str] = (), actor: str
+) -> AdminUser:
+    """Give a panel user another role (and projects); its open sessions act under it from their next page."""
+    checked, granted = checked_grant(role, project_ids)
+    grant = _grant(checked, granted, username=username)
+    async with ctx.change(actor=actor, action="admin_user.set_role", detail=grant) as repo:
+        user = await repo.find_admin_user(username)
+        if user is None:
+            raise NotFound(f"no user {username}")
+        await _require_projects(repo, granted)
+        user.role, user.project_ids = checked.value, granted
     return user

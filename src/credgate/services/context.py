@@ -88,7 +88,13 @@ class Context:
 
     @asynccontextmanager
     async def change(
-        self, *, actor: str, action: str, project_id: str | None = None, provider: str | None = None
+        self,
+        *,
+        actor: str,
+        action: str,
+        project_id: str | None = None,
+        provider: str | None = None,
+        detail: Mapping[str, Any] | None = None,
     ) -> AsyncIterator[Repository]:
         """A transaction that changes configuration: audited, visible to every instance, cache cleared.
 
@@ -101,7 +107,7 @@ class Context:
             # Last, for the chain's lock is held from here to the commit. The actor is cut, not refused:
             # "admin-token:" and a name of the longest allowed length is longer than the column.
             await repo.append_audit_event(
-                at=self.clock(), actor=actor, action=action, project_id=project_id, provider=provider
+                at=self.clock(), actor=actor, action=action, project_id=project_id, provider=provider, detail=detail
             )
             marker = secrets.token_hex(8)
             await repo.set_meta(CHANGE_MARKER, marker)

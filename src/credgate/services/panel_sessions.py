@@ -37,6 +37,8 @@ class SignedIn:
     session_id: str
     username: str
     csrf_token: str
+    role: str = "owner"  # credgate.roles, read anew with each page: a changed role applies at once
+    project_ids: tuple[str, ...] = ()
 
 
 async def sign_in(ctx: Context, *, username: str, password: str) -> tuple[str, SignedIn]:
@@ -58,7 +60,14 @@ async def sign_in(ctx: Context, *, username: str, password: str) -> tuple[str, S
         # Sessions that timed out and were never resumed go here, with their panel state (its secrets included).
         await repo.delete_admin_sessions(last_seen_before=now - IDLE_TIMEOUT, created_before=now - ABSOLUTE_TIMEOUT)
         repo.add(session)
-    return secret, SignedIn(session_id=session.id, username=user.username, csrf_token=session.csrf_token)
+    signed_in = SignedIn(
+        session_id=session.id,
+        username=user.username,
+        csrf_token=session.csrf_token,
+        role=user.role,
+        project_ids=tuple(user.project_ids),
+    )
+    return secret, signed_in
 
 
 async def resume_session(ctx: Context, *, secret: str) -> SignedIn | None:
@@ -73,7 +82,13 @@ async def resume_session(ctx: Context, *, secret: str) -> SignedIn | None:
             return None
         if now - session.last_seen_at > _SEEN_RESOLUTION:
             session.last_seen_at = now
-        return SignedIn(session_id=session.id, username=session.user.username, csrf_token=session.csrf_token)
+        return SignedIn(
+            session_id=session.id,
+            username=session.user.username,
+            csrf_token=session.csrf_token,
+            role=session.user.role,
+            project_ids=tuple(session.user.project_ids),
+        )
 
 
 async def sign_out(ctx: Context, *, session_id: str) -> None:

@@ -109,6 +109,9 @@ class AdminToken(Base):
     prefix: Mapped[str] = mapped_column(String(16))
     created_at: Mapped[datetime]
     last_used_at: Mapped[datetime | None]
+    # credgate.roles: "owner", "project_admin" or "viewer", and the projects granted (none for an owner).
+    role: Mapped[str] = mapped_column(String(16), default="owner")
+    project_ids: Mapped[list[Any]] = mapped_column(default=list)
 
 
 class AdminUser(Base):
@@ -117,6 +120,8 @@ class AdminUser(Base):
     username: Mapped[str] = mapped_column(String(MAX_NAME_LENGTH), unique=True)
     password_hash: Mapped[str] = mapped_column(String(512))
     created_at: Mapped[datetime]
+    role: Mapped[str] = mapped_column(String(16), default="owner")  # as AdminToken's
+    project_ids: Mapped[list[Any]] = mapped_column(default=list)
 
 
 class Integration(Base):
