@@ -11,6 +11,8 @@ from credgate.errors import ServiceError
 from credgate.proxy.deadlines import Deadlines
 
 WATCH_DELAY_SECONDS = 0.2
+# RFC 6750: a 401 names the scheme the client should use.
+CHALLENGE = {"WWW-Authenticate": 'Bearer realm="credgate"'}
 _JSON_ERROR_HEADERS = [(b"content-type", b"application/json"), (ERROR_HEADER.encode(), b"true")]
 
 

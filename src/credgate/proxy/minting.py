@@ -25,8 +25,8 @@ from credgate.errors import (
     Unavailable,
 )
 from credgate.limits import MAX_ENDPOINTS, MAX_SUBJECT_LENGTH, Name, check_subject
-from credgate.proxy.client import send_error
-from credgate.proxy.plan import find_token
+from credgate.proxy.client import CHALLENGE, send_error
+from credgate.proxy.plan import IDENTITY_TOKEN_PREFIX, find_token
 from credgate.services.access import Access, resolve_access
 from credgate.services.context import Context
 from credgate.specs import Endpoint, Origins, ProviderName
@@ -68,8 +68,8 @@ class ClientTokenMinter:
             raise MethodNotAllowed("client tokens are minted with POST", headers={"Allow": "POST"})
         token = find_token(scope["headers"])
         if token is None:
-            raise Unauthorized("a project token is required", headers={"WWW-Authenticate": 'Bearer realm="credgate"'})
-        if token.startswith((CLIENT_TOKEN_PREFIX, "eyJ")):
+            raise Unauthorized("a project token is required", headers=dict(CHALLENGE))
+        if token.startswith((CLIENT_TOKEN_PREFIX, IDENTITY_TOKEN_PREFIX)):
             # A client token, or an end user's, never mints: a leaked one stays as narrow and short as it was.
             raise Forbidden("only a project token can mint client tokens")
         access = await self._access(token, "")
@@ -107,7 +107,7 @@ class ClientTokenMinter:
         except StorageUnavailable:
             raise Unavailable("storage unavailable") from None
         if access is None:
-            raise Unauthorized("invalid project token", headers={"WWW-Authenticate": 'Bearer realm="credgate"'})
+            raise Unauthorized("invalid project token", headers=dict(CHALLENGE))
         return access
 
 

@@ -21,7 +21,9 @@ Headers = list[tuple[bytes, bytes]]
 TOKEN_HEADERS = (b"authorization", b"x-api-key", b"api-key", b"x-goog-api-key", b"xi-api-key")
 _TOKEN_SCHEMES = (b"bearer ", b"token ")
 _AWS_SIGNATURE = b"AWS4-HMAC-SHA256 "
-_TOKEN_PREFIXES = (b"cgp_", b"cgc_")  # project and client tokens; an identity token is a JWT (`eyJ…`, `{"…`)
+_TOKEN_PREFIXES = (b"cgp_", b"cgc_")  # project and client tokens
+IDENTITY_TOKEN_PREFIX = "eyJ"  # noqa: S105 - public. An end user's identity token is a JWT, whose header is base64url JSON: `{"…`
+_IDENTITY_TOKEN_PREFIX = IDENTITY_TOKEN_PREFIX.encode()
 # What the proxy forwards at all (README, Proxy); anything else gets 405 with this Allow header.
 FORWARDED_METHODS = frozenset({*specs.METHODS, "HEAD", "OPTIONS"})
 ALLOW_HEADER = ", ".join((*specs.METHODS, "HEAD", "OPTIONS"))
@@ -79,7 +81,7 @@ def find_token(headers: Headers) -> str | None:
             value = value.strip()
             if value.startswith(_TOKEN_PREFIXES):
                 return value.decode("latin-1")
-            if identity is None and value.startswith(b"eyJ"):
+            if identity is None and value.startswith(_IDENTITY_TOKEN_PREFIX):
                 identity = value.decode("latin-1")
     return identity
 
@@ -147,12 +149,17 @@ def admit(
         raise Forbidden(f"{method} {'/'.join(segments)} is not an enabled endpoint of {provider}")
     if grant is not None and not grant.covers(provider, method, segments):
         raise Forbidden(f"{method} {'/'.join(segments)} of {provider} is outside this client token's scope")
-    if origin is not None and not (origin in allowed_origins and (grant is None or grant.admits_origin(origin))):
+    if origin is not None and not origin_allowed(origin, allowed_origins, grant):
         raise Forbidden("this page's origin is not allowed to call this project")
     length = content_length(headers)
     if length is not None and length > max_request_bytes:
         raise PayloadTooLarge(f"request body over the limit of {max_request_bytes} bytes")
     return Admitted(integration=integration, credential=credential, declared_length=length)
+
+
+def origin_allowed(origin: str, allowed_origins: frozenset[str], grant: ClientGrant | None) -> bool:
+    """Whether a page of `origin` may call: listed by the project, and by the client token when it names some."""
+    return origin in allowed_origins and (grant is None or grant.admits_origin(origin))
 
 
 def content_length(headers: list[tuple[bytes, bytes]]) -> int | None:

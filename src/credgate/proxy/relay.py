@@ -35,6 +35,7 @@ from credgate.fleet import RateLimiter, RateLimits, retry_after_header
 from credgate.fleet.budgets import Budgets, LocalBudgets
 from credgate.netguard import NO_PRIVATE_NETWORKS
 from credgate.proxy.client import (
+    CHALLENGE,
     BodyProblem,
     BodyTooLarge,
     ClientIdle,
@@ -49,11 +50,13 @@ from credgate.proxy.key_pools import FAILOVER_MAX_BODY_BYTES, KeyPools
 from credgate.proxy.minting import ClientTokenMinter
 from credgate.proxy.oauth import TokenBroker
 from credgate.proxy.plan import (
+    IDENTITY_TOKEN_PREFIX,
     Headers,
     UpstreamRequest,
     admit,
     check_method,
     find_token,
+    origin_allowed,
     plan_upstream,
     response_headers,
     split_target,
@@ -95,7 +98,6 @@ _MAX_JWKS_BYTES = 1 << 20
 _MAX_REMEMBERED_GRANTS = 100_000
 UNAUTHORIZED_MESSAGE = "invalid project token or expired authentication"
 # RFC 6750: a 401 names the scheme the client should use.
-_CHALLENGE = {"WWW-Authenticate": 'Bearer realm="credgate"'}
 
 
 def _not_public(provider: str) -> BadGateway:
@@ -110,7 +112,7 @@ def _internal_error(request_id: str) -> ServiceError:
 
 
 def _unauthorized() -> Unauthorized:
-    return Unauthorized(UNAUTHORIZED_MESSAGE, headers=_CHALLENGE)
+    return Unauthorized(UNAUTHORIZED_MESSAGE, headers=dict(CHALLENGE))
 
 
 class ProxyApp:
@@ -222,7 +224,7 @@ class ProxyApp:
             await send_error(send, _internal_error(scope["state"]["request_id"]))
             return
         if cors is not None:
-            cors.allowed = cors.origin in access.allowed_origins and (grant is None or grant.admits_origin(cors.origin))
+            cors.allowed = origin_allowed(cors.origin, access.allowed_origins, grant)
         record = ProxiedRequest(
             at=datetime.now(UTC),
             project_id=access.project_id,
@@ -280,7 +282,7 @@ class ProxyApp:
                     subject = grant.subject
                     # Alive while the project token that minted it is: the same lookup as that token's own.
                     access = await resolve_hashed(self.ctx, token_hash=grant.minted_by, provider=lookup)
-            elif token.startswith("eyJ"):
+            elif token.startswith(IDENTITY_TOKEN_PREFIX):
                 access, subject = await self._identify(token, lookup)
             else:
                 access = await resolve_access(self.ctx, token=token, provider=lookup)

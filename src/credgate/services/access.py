@@ -134,7 +134,7 @@ async def resolve_hashed(ctx: Context, *, token_hash: str, provider: str) -> Acc
     key = (token_hash, provider)
     cache = ctx.access
     cached: object
-    if cache.stale_after is not None and time.monotonic() > cache.stale_after:
+    if not cache.fresh():
         # Too stale to serve: asked of the database again, which answers (it is back) or fails (503).
         cached = await _shared_lookup(ctx, token_hash=token_hash, provider=provider)
     elif (cached := cache.entries.get(key)) is None:
@@ -156,7 +156,7 @@ async def resolve_for_project(ctx: Context, *, project_id: str, provider: str) -
     """The access an identity token grants: its project's, with no project token involved (None: project gone)."""
     key = (_PROJECT_KEY + project_id, provider)
     cache = ctx.access
-    if cache.stale_after is None or time.monotonic() <= cache.stale_after:
+    if cache.fresh():
         cached = cache.entries.get(key)
         if cached is not None:
             _HITS.inc()
@@ -178,7 +178,7 @@ async def directory(ctx: Context) -> Directory:
     """Every project's origins and identity providers, read once per change (one query)."""
     cache = ctx.access
     found = cache.entries.get(_DIRECTORY_KEY)
-    if isinstance(found, Directory) and (cache.stale_after is None or time.monotonic() <= cache.stale_after):
+    if isinstance(found, Directory) and cache.fresh():
         return found
 
     async def lookup(generation: int) -> Directory:

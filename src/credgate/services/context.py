@@ -2,6 +2,7 @@
 
 import asyncio
 import secrets
+import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -59,6 +60,10 @@ class AccessCache:
         self.entries.clear()
         self.unknown.clear()
         self.marker = marker
+
+    def fresh(self) -> bool:
+        """Whether entries may be served: always while the database answers, for a while after it stopped."""
+        return self.stale_after is None or time.monotonic() <= self.stale_after
 
     def store(self, key: tuple[str, str], value: object, *, generation: int) -> None:
         if generation != self.generation:
