@@ -22,7 +22,8 @@ TOKEN_HEADERS = (b"authorization", b"x-api-key", b"api-key", b"x-goog-api-key", 
 _TOKEN_SCHEMES = (b"bearer ", b"token ")
 _AWS_SIGNATURE = b"AWS4-HMAC-SHA256 "
 _TOKEN_PREFIXES = (b"cgp_", b"cgc_")  # project and client tokens
-IDENTITY_TOKEN_PREFIX = "eyJ"  # noqa: S105 - public. An end user's identity token is a JWT, whose header is base64url JSON: `{"…`
+# An end user's identity token is a JWT, whose header is base64url JSON (`{"…`).
+IDENTITY_TOKEN_PREFIX = "eyJ"  # noqa: S105 - a public prefix, not a secret
 _IDENTITY_TOKEN_PREFIX = IDENTITY_TOKEN_PREFIX.encode()
 # What the proxy forwards at all (README, Proxy); anything else gets 405 with this Allow header.
 FORWARDED_METHODS = frozenset({*specs.METHODS, "HEAD", "OPTIONS"})
