@@ -5,7 +5,8 @@ master key, bound to the session, gone after ten minutes, at sign-out or once sa
 again after Back or a refusal, so nothing typed is lost, while the key itself never goes back to the page: the form
 says a key was entered, with its hint (…1234), and an empty key field keeps it. A key refused for its shape is not
 kept, and the page says to enter it again. Every check Save makes (the SSRF guard on the base URL included) is made
-before the review, and again at the review and at Save; a refusal is shown in the form, next to its field."""
+before the review, and again at the review and at Save; a refusal is shown in the form, next to its field. Save
+can check the new key with the provider once saved (key_pages.py), and says what the provider answered."""
 
 from collections import defaultdict
 from dataclasses import replace
@@ -15,6 +16,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from credgate.admin_ui.base import Visit, field, form_of, redirect, render, visit
+from credgate.admin_ui.key_pages import verification_after_save, wants_verification
 from credgate.admin_ui.messages import sentence, service_errors
 from credgate.catalog import Template
 from credgate.crypto import Secret
@@ -238,13 +240,14 @@ async def review(request: Request) -> Response:
         "key_ok": key_ok,
         "key_note": key_note,
         "hint": key_hint(pending.api_key.reveal(), auth_method=template.auth.method) if pending.api_key else None,
+        "can_verify": pending.api_key is not None and current.panel.verify_key is not None,
     }
     return await render(request, "add_review.html", context, current=current)
 
 
 async def save(request: Request) -> Response:
     current = await visit(request)
-    await form_of(request, current)
+    form = await form_of(request, current)
     project_id = request.path_params["project_id"]
     found = await _pending(request, current)
     if found is None:
@@ -272,7 +275,10 @@ async def save(request: Request) -> Response:
         project = await projects.get_project(current.ctx, project_id=project_id)
         return await _details(request, current, project, template.provider, pending, existing, errors, status=422)
     await panel_state.release_setup(current.ctx, session_id=current.user.session_id)
-    await current.flash(_saved(integration, created, before, template))
+    message = _saved(integration, created, before, template)
+    if pending.api_key is not None and wants_verification(current, form):  # only a first set-up saves a key
+        message += " " + await verification_after_save(current, project_id=project_id, provider=integration.provider)
+    await current.flash(message)
     return redirect(f"/admin/projects/{project_id}")
 
 

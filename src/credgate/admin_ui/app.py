@@ -1,5 +1,6 @@
 """create_panel(): the panel's Starlette app, its pages, static files and error pages."""
 
+import logging
 from collections.abc import Callable
 from pathlib import Path
 
@@ -11,13 +12,15 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from credgate.admin_ui import auth_pages, budget_pages, integration_pages, key_pages, project_pages, webhook_pages
-from credgate.admin_ui.base import Panel, SignInRequired, render
-from credgate.admin_ui.security import SecurityHeaders
+from credgate.admin_ui.base import Panel, SignInRequired, Visit, panel_of, render
+from credgate.admin_ui.security import SecurityHeaders, session_cookie_name
 from credgate.errors import ServiceError
 from credgate.services.context import Context
+from credgate.services.panel_sessions import resume_session
 from credgate.services.verification import KeyVerifier
 
 HERE = Path(__file__).parent
+logger = logging.getLogger(__name__)
 
 
 def create_panel(get_context: Callable[[], Context], verify_key: KeyVerifier | None = None) -> SecurityHeaders:
@@ -52,13 +55,29 @@ async def _sign_in(request: Request, _error: Exception) -> Response:
 async def _service_error(request: Request, error: Exception) -> Response:
     if not isinstance(error, ServiceError):
         raise error
-    return await render(request, "error.html", {"status": error.status, "message": error.message}, status=error.status)
+    return await _error_page(request, error.status, error.message)
 
 
 async def _http_error(request: Request, error: Exception) -> Response:
     if not isinstance(error, HTTPException):
         raise error
     message = "page not found" if error.status_code == 404 else "that did not work"
-    return await render(
-        request, "error.html", {"status": error.status_code, "message": message}, status=error.status_code
-    )
+    return await _error_page(request, error.status_code, message)
+
+
+async def _error_page(request: Request, status: int, message: str) -> Response:
+    """error.html; with the request's session, whatever its role allows (the error may be that refusal), the
+    signed-in admin's navigation and sign-out. A session that cannot be resumed shows the page as to a
+    signed-out visitor, never a 500: the database or the gateway may be the very error shown."""
+    context = {"status": status, "message": message}
+    secret = request.cookies.get(session_cookie_name(request))
+    if secret:
+        try:
+            panel = panel_of(request)
+            user = await resume_session(panel.ctx, secret=secret)
+            if user is not None:
+                current = Visit(panel=panel, user=user)
+                return await render(request, "error.html", context, current=current, status=status)
+        except Exception as failure:
+            logger.warning("error page shown without the session: %s", type(failure).__name__)
+    return await render(request, "error.html", context, status=status)

@@ -1,15 +1,17 @@
-"""An integration's key pool: its keys in order with their states, a key added, moved, disabled or enabled,
-removed, and the pool's strategy. A key is posted once, blank; no page ever holds a stored one."""
+"""An integration's key pool: its keys in order with their states, a key added (and checked with the provider
+when asked), moved, disabled or enabled, removed, and the pool's strategy. A key is posted once, blank; no page
+ever holds a stored one."""
 
 from datetime import timedelta
 
+from starlette.datastructures import FormData
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from credgate.admin_ui.base import Visit, field, form_of, redirect, render, visit
 from credgate.admin_ui.messages import service_errors
-from credgate.errors import Conflict, InvalidInput, Unavailable
+from credgate.errors import Conflict, InvalidInput, ServiceError, Unavailable
 from credgate.services import integrations, key_pools, projects, verification
 from credgate.services.integrations import IntegrationChanges
 from credgate.services.key_pools import key_state
@@ -17,6 +19,8 @@ from credgate.services.key_pools import key_state
 STRATEGIES = {"failover": "Failover: in order, the next key when one is out", "spread": "Spread: the keys take turns"}
 # How long a promoted key's predecessor stays as the fallback ("" keeps it until removed by hand).
 OVERLAPS = {"3600": "1 hour", "86400": "1 day", "604800": "1 week", "0": "no overlap", "": "keep it"}
+
+VERIFY_FIELD = "verify"  # the forms' "check the key with the provider after saving" box
 
 
 async def _pool_page(
@@ -43,8 +47,39 @@ async def _pool_page(
         "strategies": STRATEGIES,
         "errors": {},
         "label": "",
+        "can_verify": current.panel.verify_key is not None,
+        "verify": False,
     }
     return await render(request, "keys.html", context | (extra or {}), current=current, status=status)
+
+
+def wants_verification(current: Visit, form: FormData) -> bool:
+    """Whether the form's "check the key with the provider after saving" box was ticked (and can be honoured).
+
+    The box starts unticked, like the admin API's `verify`: the check is a call to the provider that a save
+    would wait on (up to its timeout), so the admin asks for it rather than every save making it."""
+    return current.panel.verify_key is not None and field(form, VERIFY_FIELD) != ""
+
+
+async def verification_note(current: Visit, *, project_id: str, provider: str, key_id: str | None = None) -> str:
+    """The template's cheap call with the key (the pool's `key_id`, else the first in service): what the
+    provider said, as a sentence for the flash. The key itself is never in it."""
+    verifier = current.panel.verify_key
+    if verifier is None:
+        raise Unavailable("key verification needs the running gateway")
+    found = await verification.verify_provider_key(
+        current.ctx, verifier, project_id=project_id, provider=provider, key_id=key_id
+    )
+    status = "" if found.status is None else f" (status {found.status})"
+    return f"Verification: {found.message}{status}."
+
+
+async def verification_after_save(current: Visit, *, project_id: str, provider: str, key_id: str | None = None) -> str:
+    """`verification_note`, once the key is saved: a check that cannot be made says so and undoes nothing."""
+    try:
+        return await verification_note(current, project_id=project_id, provider=provider, key_id=key_id)
+    except ServiceError as error:
+        return f"The key could not be checked: {error.message}."
 
 
 def _back(request: Request) -> str:
@@ -58,9 +93,9 @@ async def pool(request: Request) -> Response:
 async def add(request: Request) -> Response:
     current = await visit(request)
     form = await form_of(request, current)
-    label = field(form, "label")
+    label, verify = field(form, "label"), wants_verification(current, form)
     try:
-        await key_pools.add_key(
+        _, key = await key_pools.add_key(
             current.ctx,
             project_id=request.path_params["project_id"],
             provider=request.path_params["provider"],
@@ -73,8 +108,14 @@ async def add(request: Request) -> Response:
         errors = service_errors(error) if isinstance(error, InvalidInput) else {"api_key": error.message}
         if "api_key" not in errors:
             errors["api_key"] = "Enter the key again: it is never sent back to the page."
-        return await _pool_page(request, current, {"errors": errors, "label": label}, status=422)
-    await current.flash(f"Key added to {request.path_params['provider']}: it is in service now.")
+        extra = {"errors": errors, "label": label, "verify": verify}
+        return await _pool_page(request, current, extra, status=422)
+    project_id, provider = request.path_params["project_id"], request.path_params["provider"]
+    message = f"Key added to {provider}: it is in service now."
+    if verify:
+        note = await verification_after_save(current, project_id=project_id, provider=provider, key_id=key.id)
+        message = f"{message} {note}"
+    await current.flash(message)
     return redirect(_back(request))
 
 
@@ -122,18 +163,8 @@ async def change(request: Request) -> Response:
 
 async def _verify(request: Request, current: Visit, key_id: str) -> Response:
     """The template's cheap call with this key, whatever its state; what the provider said, as a message."""
-    verifier = current.panel.verify_key
-    if verifier is None:
-        raise Unavailable("key verification needs the running gateway")
-    found = await verification.verify_provider_key(
-        current.ctx,
-        verifier,
-        project_id=request.path_params["project_id"],
-        provider=request.path_params["provider"],
-        key_id=key_id,
-    )
-    status = "" if found.status is None else f" (status {found.status})"
-    await current.flash(f"Verification: {found.message}{status}.")
+    project_id, provider = request.path_params["project_id"], request.path_params["provider"]
+    await current.flash(await verification_note(current, project_id=project_id, provider=provider, key_id=key_id))
     return redirect(_back(request))
 
 
