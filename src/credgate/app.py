@@ -145,8 +145,9 @@ def _panel(runtime: Runtime) -> ASGIApp:
     # Imported on the panel's first request: its templates (Jinja2) cost each worker about 10 MB, and a worker
     # that serves only the proxy never needs them.
     from credgate.admin_ui import create_panel
+    from credgate.admin_ui.sso_pages import SingleSignOn
 
-    return create_panel(lambda: runtime.context, runtime.verify_key)
+    return create_panel(lambda: runtime.context, runtime.verify_key, SingleSignOn.of(runtime.settings))
 
 
 def create_app(

@@ -345,15 +345,25 @@ def admin_create_token(settings: Settings, name: str, role: str, project_ids: tu
 
 @admin.command("create-user")
 @click.argument("username")
-@click.option("--password-stdin", is_flag=True, required=True, help="Read the password from standard input.")
+@click.option("--password-stdin", is_flag=True, help="Read the password from standard input.")
+@click.option(
+    "--single-sign-on", is_flag=True, help="No password: the user signs in through the identity provider as USERNAME."
+)
 @_role_option
 @_project_option
 @pass_settings
 def admin_create_user(
-    settings: Settings, username: str, password_stdin: bool, role: str, project_ids: tuple[str, ...]
+    settings: Settings,
+    username: str,
+    password_stdin: bool,
+    single_sign_on: bool,
+    role: str,
+    project_ids: tuple[str, ...],
 ) -> None:
-    """Create a panel login with its role."""
-    password = _read_secret("password")
+    """Create a panel login with its role: a password, or single sign-on by the user's verified email address."""
+    if password_stdin == single_sign_on:
+        raise click.UsageError("give one of --password-stdin and --single-sign-on")
+    password = _read_secret("password") if password_stdin else None
     _run(
         settings,
         lambda ctx: admins.create_admin_user(

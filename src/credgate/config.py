@@ -2,6 +2,7 @@
 
 from pathlib import Path
 from typing import Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -9,6 +10,14 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 DATABASE_FILE_NAME = "credgate.db"
 MASTER_KEY_FILE_NAME = "master.key"
 MAX_WORKERS = 256
+
+
+def _secure_transport(url: str) -> bool:
+    """https, or plain http to a provider on this very machine (OAuth's rule for loopback, RFC 8252 §7.3)."""
+    parts = urlsplit(url)
+    if parts.scheme == "https":
+        return bool(parts.hostname)
+    return parts.scheme == "http" and parts.hostname in ("localhost", "127.0.0.1", "::1")
 
 
 class Settings(BaseSettings):
@@ -49,11 +58,29 @@ class Settings(BaseSettings):
     event_scan_seconds: float = Field(default=15.0, gt=0, le=3600)
     # How long the request log keeps a proxied request (bodies are never kept).
     request_log_days: int = Field(default=31, ge=1)  # a month at least: budgets start from it
+    # Single sign-on to the panel through an OpenID Connect provider (README, Single sign-on): its issuer URL
+    # (discovery at /.well-known/openid-configuration), this gateway's client id, and its secret unless public.
+    oidc_issuer: str | None = None
+    oidc_client_id: str | None = None
+    oidc_client_secret: SecretStr | None = None
+    # What a first sign-in of someone the panel has no user for gives: nothing (an owner adds them first) or
+    # read-only access to every project.
+    oidc_new_users: Literal["refused", "viewer"] = "refused"
+    # The button's words: "Sign in with <name>".
+    oidc_name: str = Field(default="single sign-on", min_length=1, max_length=64)
 
     @model_validator(mode="after")
     def _admin_listener_has_a_port(self) -> "Settings":
         if self.admin_host is not None and self.admin_port is None:
             raise ValueError("CREDGATE_ADMIN_HOST is set without CREDGATE_ADMIN_PORT: set the admin listener's port")
+        return self
+
+    @model_validator(mode="after")
+    def _oidc_is_whole(self) -> "Settings":
+        if (self.oidc_issuer is None) != (self.oidc_client_id is None):
+            raise ValueError("single sign-on needs both CREDGATE_OIDC_ISSUER and CREDGATE_OIDC_CLIENT_ID")
+        if self.oidc_issuer is not None and not _secure_transport(self.oidc_issuer):
+            raise ValueError("CREDGATE_OIDC_ISSUER must be an https:// URL (http:// only on this machine's loopback)")
         return self
 
     @property

@@ -11,7 +11,15 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from credgate.admin_ui import auth_pages, budget_pages, integration_pages, key_pages, project_pages, webhook_pages
+from credgate.admin_ui import (
+    auth_pages,
+    budget_pages,
+    integration_pages,
+    key_pages,
+    project_pages,
+    sso_pages,
+    webhook_pages,
+)
 from credgate.admin_ui.base import Panel, SignInRequired, Visit, panel_of, render
 from credgate.admin_ui.security import SecurityHeaders, session_cookie_name
 from credgate.errors import ServiceError
@@ -23,12 +31,17 @@ HERE = Path(__file__).parent
 logger = logging.getLogger(__name__)
 
 
-def create_panel(get_context: Callable[[], Context], verify_key: KeyVerifier | None = None) -> SecurityHeaders:
+def create_panel(
+    get_context: Callable[[], Context],
+    verify_key: KeyVerifier | None = None,
+    sso: sso_pages.SingleSignOn | None = None,
+) -> SecurityHeaders:
     """The panel; `get_context` gives the services' context once the gateway has started, `verify_key` makes a
-    key's verification call."""
+    key's verification call, `sso` is the single sign-on's provider if one is set up."""
     routes = [
         Route("/", lambda request: RedirectResponse("/admin/projects", status_code=303)),
         *auth_pages.routes,
+        *sso_pages.routes,
         *project_pages.routes,
         *integration_pages.routes,
         *key_pages.routes,
@@ -44,7 +57,7 @@ def create_panel(get_context: Callable[[], Context], verify_key: KeyVerifier | N
             HTTPException: _http_error,
         },
     )
-    app.state.panel = Panel(get_context, verify_key)
+    app.state.panel = Panel(get_context, verify_key, sso)
     return SecurityHeaders(app)
 
 

@@ -22,7 +22,14 @@ async def _login_form(request: Request, *, error: str = "", username: str = "", 
     token = new_csrf_token()  # double-submit: no session exists yet to hold it
     # With no account yet, nobody can sign in: the page points at the setup link `credgate serve` printed.
     first_run = not await panel_sessions.admin_exists(panel_of(request).ctx)
-    context = {"csrf": token, "error": error, "username": username, "first_run": first_run}
+    sso = panel_of(request).sso
+    context = {
+        "csrf": token,
+        "error": error,
+        "username": username,
+        "first_run": first_run,
+        "sso_name": sso.name if sso else None,
+    }
     response = await render(request, "login.html", context, status=status)
     response.set_cookie(LOGIN_CSRF_COOKIE, token, max_age=3600, **cookie_options(request))  # type: ignore[arg-type]
     return response

@@ -3,7 +3,7 @@
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.datastructures import FormData
 from starlette.requests import Request
@@ -20,6 +20,9 @@ from credgate.services.panel_sessions import SignedIn, resume_session
 from credgate.services.panel_state import flash_message, take_flash
 from credgate.services.verification import KeyVerifier
 
+if TYPE_CHECKING:
+    from credgate.admin_ui.sso_pages import SingleSignOn
+
 templates = Jinja2Templates(directory=Path(__file__).parent / "templates")
 templates.env.globals["limits"] = limits  # the pages' maxlength and hints, from the one definition
 templates.env.globals["key_shapes"] = KEY_SHAPES
@@ -30,10 +33,17 @@ class SignInRequired(Exception):
 
 
 class Panel:
-    def __init__(self, get_context: Callable[[], Context], verify_key: KeyVerifier | None = None) -> None:
+    def __init__(
+        self,
+        get_context: Callable[[], Context],
+        verify_key: KeyVerifier | None = None,
+        sso: "SingleSignOn | None" = None,
+    ) -> None:
         self._get_context = get_context
         self.verify_key = verify_key  # the running gateway's: a key's check is a call like any proxied one
         self.throttle = SignInThrottle()
+        self.sso = sso
+        self.sso_client: Any = None  # authlib's client for `sso`, made at its first use (sso_pages)
 
     @property
     def ctx(self) -> Context:

@@ -70,18 +70,20 @@ async def authenticate_admin(ctx: Context, *, token: str | None) -> AdminToken:
 
 
 def new_admin_user(
-    ctx: Context, *, username: str, password: str, role: str = Role.OWNER, project_ids: Iterable[str] = ()
+    ctx: Context, *, username: str, password: str | None, role: str = Role.OWNER, project_ids: Iterable[str] = ()
 ) -> AdminUser:
-    """A validated user row with its password hashed (argon2id) and its role checked; not stored yet."""
+    """A validated user row with its password hashed (argon2id) and its role checked; not stored yet.
+    With no password, the user signs in only through the identity provider (README, Single sign-on)."""
     username = within("username", Name, username.strip())
     if any(char.isspace() for char in username):
         raise InvalidInput("username", "may not hold white space")
-    within("password", Password, password)
+    if password is not None:
+        within("password", Password, password)
     checked, granted = checked_grant(role, project_ids)
     return AdminUser(
         id=new_id("usr"),
         username=username,
-        password_hash=_password_hasher.hash(password),
+        password_hash="" if password is None else _password_hasher.hash(password),
         created_at=ctx.clock(),
         role=checked.value,
         project_ids=granted,
@@ -89,9 +91,15 @@ def new_admin_user(
 
 
 async def create_admin_user(
-    ctx: Context, *, username: str, password: str, actor: str, role: str = Role.OWNER, project_ids: Iterable[str] = ()
+    ctx: Context,
+    *,
+    username: str,
+    password: str | None,
+    actor: str,
+    role: str = Role.OWNER,
+    project_ids: Iterable[str] = (),
 ) -> AdminUser:
-    """Create a panel login; the password is stored only as an argon2id hash."""
+    """Create a panel login; the password is stored only as an argon2id hash, and None means single sign-on."""
     user = new_admin_user(ctx, username=username, password=password, role=role, project_ids=project_ids)
     grant = _grant(Role(user.role), user.project_ids)
     async with ctx.change(actor=actor, action="admin_user.create", detail=grant) as repo:
@@ -114,4 +122,34 @@ async def set_admin_role(
             raise NotFound(f"no user {username}")
         await _require_projects(repo, granted)
         user.role, user.project_ids = checked.value, granted
+    return user
+
+
+async def single_sign_on_user(ctx: Context, *, issuer: str, subject: str, email: str, new_users: str) -> AdminUser:
+    """The panel user that the identity provider's account `subject` (whose verified address is `email`) is.
+
+    Known by its subject after its first sign-in, so a reassigned address never reaches another person's user.
+    At the first sign-in it takes over the user named `email` only if that user was added for single sign-on
+    (no password, no subject yet): a password user is never taken over. Without such a user, `new_users`
+    ("viewer") creates one, or ("refused") the sign-in is refused until an owner adds it.
+    """
+    oidc_subject = f"{issuer} {subject}"
+    async with ctx.database.transaction(write=False) as repo:
+        user = await repo.find_oidc_user(oidc_subject)
+    if user is not None:
+        return user
+    actor = f"sso:{email}"
+    async with ctx.change(actor=actor, action="admin_user.single_sign_on", detail={"username": email}) as repo:
+        user = await repo.find_admin_user(email)
+        if user is None:
+            if new_users != Role.VIEWER:
+                raise Unauthorized(
+                    f"this panel has no user {email}: an owner can add one with "
+                    f"`credgate admin create-user {email} --single-sign-on --role viewer`"
+                )
+            user = new_admin_user(ctx, username=email, password=None, role=Role.VIEWER)
+            repo.add(user)
+        elif user.has_password or user.oidc_subject is not None:
+            raise Unauthorized(f"the panel's user {email} signs in another way, not through single sign-on")
+        user.oidc_subject = oidc_subject
     return user

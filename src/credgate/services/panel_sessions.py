@@ -14,7 +14,7 @@ from credgate.crypto import hash_token
 from credgate.errors import Unauthorized
 from credgate.services.admins import new_admin_user
 from credgate.services.context import Context
-from credgate.storage.models import AdminSession
+from credgate.storage.models import AdminSession, AdminUser
 
 IDLE_TIMEOUT = timedelta(minutes=30)
 ABSOLUTE_TIMEOUT = timedelta(hours=12)
@@ -46,17 +46,22 @@ async def sign_in(ctx: Context, *, username: str, password: str) -> tuple[str, S
     async with ctx.database.transaction(write=False) as repo:
         user = await repo.find_admin_user(username)
     try:
-        _password_hasher.verify(user.password_hash if user else _dummy_hash(), password)
+        _password_hasher.verify(user.password_hash if user and user.has_password else _dummy_hash(), password)
     except (VerificationError, InvalidHashError):
         raise Unauthorized("wrong username or password") from None
-    if user is None:
+    if user is None or not user.has_password:  # a single sign-on user has no password to guess
         raise Unauthorized("wrong username or password")
+    return await open_session(ctx, user)
+
+
+async def open_session(ctx: Context, user: AdminUser, *, via: str = "password") -> tuple[str, SignedIn]:
+    """A new session for `user`, who has proved who they are (`via` a password or single sign-on)."""
     secret = secrets.token_urlsafe(32)
     now = ctx.clock()
     session = AdminSession(
         id=hash_token(secret), user_id=user.id, csrf_token=secrets.token_urlsafe(32), created_at=now, last_seen_at=now
     )
-    async with ctx.change(actor=f"user:{user.username}", action="panel.sign_in") as repo:
+    async with ctx.change(actor=f"user:{user.username}", action="panel.sign_in", detail={"via": via}) as repo:
         # Sessions that timed out and were never resumed go here, with their panel state (its secrets included).
         await repo.delete_admin_sessions(last_seen_before=now - IDLE_TIMEOUT, created_before=now - ABSOLUTE_TIMEOUT)
         repo.add(session)

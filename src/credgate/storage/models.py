@@ -122,6 +122,13 @@ class AdminUser(Base):
     created_at: Mapped[datetime]
     role: Mapped[str] = mapped_column(String(16), default="owner")  # as AdminToken's
     project_ids: Mapped[list[Any]] = mapped_column(default=list)
+    # "<issuer> <sub>" once the user has signed in through the identity provider; None for password users and
+    # for users added for single sign-on who have not signed in yet.
+    oidc_subject: Mapped[str | None] = mapped_column(String(512), unique=True, default=None)
+
+    @property
+    def has_password(self) -> bool:
+        return bool(self.password_hash)  # single sign-on users have none: the empty hash verifies nothing
 
 
 class Integration(Base):

@@ -158,6 +158,9 @@ class Repository:
     async def find_admin_user(self, username: str) -> AdminUser | None:
         return (await self._session.scalars(select(AdminUser).where(AdminUser.username == username))).first()
 
+    async def find_oidc_user(self, oidc_subject: str) -> AdminUser | None:
+        return (await self._session.scalars(select(AdminUser).where(AdminUser.oidc_subject == oidc_subject))).first()
+
     async def count_admin_users(self) -> int:
         return int((await self._session.execute(select(func.count()).select_from(AdminUser))).scalar_one())
 

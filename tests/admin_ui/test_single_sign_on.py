@@ -1,0 +1,263 @@
+"""Single sign-on to the panel against a stand-in OpenID Connect provider on a real socket: Authorization Code
+with PKCE and a nonce, users matched by the provider's subject, password users never taken over, and every
+wrong answer refused without a session. The browser's side (SameSite cookies across the redirects) is in
+tests/browser/test_single_sign_on.py."""
+
+from collections.abc import AsyncIterator
+from urllib.parse import parse_qs, urlsplit
+
+import httpx
+import pytest
+
+from credgate.app import create_app
+from credgate.config import Settings
+from credgate.services import admins, projects
+from credgate.services.bootstrap import open_context
+from credgate.services.context import Context
+from tests.admin_ui.test_security import PASSWORD
+from tests.oidc_provider import CLIENT_ID, CLIENT_SECRET, OidcProvider, run_oidc_provider
+from tests.secret_sweep import SWEEP
+
+EMAIL = "alice@example.com"
+
+
+@pytest.fixture
+def backend() -> str:
+    return "sqlite"  # what is tested here is the panel's, not the database's
+
+
+@pytest.fixture
+async def provider() -> AsyncIterator[OidcProvider]:
+    SWEEP.register(CLIENT_SECRET)
+    async with run_oidc_provider() as running:
+        yield running
+
+
+def sso_settings(settings: Settings, provider: OidcProvider, **changes: object) -> Settings:
+    values = {
+        "oidc_issuer": provider.url,
+        "oidc_client_id": CLIENT_ID,
+        "oidc_client_secret": CLIENT_SECRET,
+        "oidc_name": "Example SSO",
+    }
+    return Settings.model_validate(settings.model_dump() | values | changes)
+
+
+@pytest.fixture
+async def panel(settings: Settings, ctx: Context, provider: OidcProvider) -> AsyncIterator[httpx.AsyncClient]:
+    """The panel in process, with single sign-on through `provider`."""
+    app = create_app(sso_settings(settings, provider), context=ctx)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://credgate.test") as client:
+        yield client
+
+
+async def through_provider(panel: httpx.AsyncClient, provider: OidcProvider) -> str:
+    """Start the sign-in and let the provider answer: the callback address the browser is sent back to."""
+    start = await panel.get("/admin/sso/start")
+    assert start.status_code == 302, start.text
+    assert start.headers["location"].startswith(f"{provider.url}/authorize?")
+    async with httpx.AsyncClient() as browser:
+        answer = await browser.get(start.headers["location"])
+    assert answer.status_code == 302, answer.text
+    callback = answer.headers["location"]
+    assert callback.startswith("http://credgate.test/admin/sso/callback?")
+    return callback
+
+
+async def sign_in(panel: httpx.AsyncClient, provider: OidcProvider) -> httpx.Response:
+    return await panel.get(await through_provider(panel, provider))
+
+
+async def test_a_user_added_for_single_sign_on_signs_in_with_pkce_and_keeps_its_role(
+    panel: httpx.AsyncClient, provider: OidcProvider, ctx: Context
+) -> None:
+    project, _ = await projects.create_project(ctx, name="granted", actor="t")
+    await projects.create_project(ctx, name="not-granted", actor="t")
+    await admins.create_admin_user(
+        ctx, username=EMAIL, password=None, actor="t", role="project_admin", project_ids=[project.id]
+    )
+    login = await panel.get("/admin/login")
+    assert 'href="/admin/sso/start">Sign in with Example SSO</a>' in login.text
+
+    done = await sign_in(panel, provider)
+
+    assert done.status_code == 200
+    assert 'http-equiv="refresh" content="0;url=/admin/projects"' in done.text
+    cookie = done.headers["set-cookie"]
+    assert "credgate_session=" in cookie
+    assert "samesite=strict" in cookie.lower()
+    assert "httponly" in cookie.lower()
+    page = await panel.get("/admin/projects")
+    assert page.status_code == 200
+    assert EMAIL in page.text
+    assert "granted" in page.text
+    assert "not-granted" not in page.text
+    # PKCE (S256) and a nonce went out; the verifier came back to the token endpoint with the client's secret.
+    sent = provider.authorize_requests[0]
+    assert (sent["code_challenge_method"], sent["response_type"], sent["client_id"]) == ("S256", "code", CLIENT_ID)
+    assert sent["nonce"]
+    assert sent["state"]
+    assert "openid" in sent["scope"].split()
+    assert provider.token_requests[0]["code_verifier"]
+    assert provider.refusals == []
+    async with ctx.database.transaction(write=False) as repo:
+        user = await repo.find_admin_user(EMAIL)
+        events = [(event.action, event.actor) for event in await repo.list_audit_events(limit=5)]
+    assert user is not None
+    assert user.oidc_subject == f"{provider.url} idp-user-1"
+    assert ("admin_user.single_sign_on", f"sso:{EMAIL}") in events
+    assert ("panel.sign_in", f"user:{EMAIL}") in events
+
+
+async def test_the_user_is_known_by_subject_so_a_reassigned_address_reaches_nobody_else(
+    panel: httpx.AsyncClient, provider: OidcProvider, ctx: Context
+) -> None:
+    await admins.create_admin_user(ctx, username=EMAIL, password=None, actor="t", role="viewer")
+    assert (await sign_in(panel, provider)).status_code == 200
+    panel.cookies.clear()
+    assert (await sign_in(panel, provider)).status_code == 200  # again, found by its subject
+    panel.cookies.clear()
+    provider.account.sub = "idp-user-2"  # the provider gave the address to someone else
+
+    refused = await sign_in(panel, provider)
+
+    assert refused.status_code == 403
+    assert "signs in another way" in refused.text
+    assert "credgate_session" not in refused.headers.get("set-cookie", "")
+
+
+async def test_a_password_user_is_never_taken_over_and_a_single_sign_on_user_has_no_password(
+    panel: httpx.AsyncClient, provider: OidcProvider, ctx: Context
+) -> None:
+    await admins.create_admin_user(ctx, username=EMAIL, password=PASSWORD, actor="t")
+    await admins.create_admin_user(ctx, username="bob@example.com", password=None, actor="t")
+
+    refused = await sign_in(panel, provider)
+
+    assert refused.status_code == 403
+    assert "signs in another way" in refused.text
+    for password in ("", PASSWORD):
+        login = await panel.get("/admin/login")
+        csrf = login.text.split('name="csrf" value="', 1)[1].split('"', 1)[0]
+        tried = await panel.post(
+            "/admin/login", data={"csrf": csrf, "username": "bob@example.com", "password": password}
+        )
+        assert tried.status_code == 401
+
+
+async def test_someone_the_panel_does_not_know_is_refused_with_the_owners_command(
+    panel: httpx.AsyncClient, provider: OidcProvider, ctx: Context
+) -> None:
+    refused = await sign_in(panel, provider)
+
+    assert refused.status_code == 403
+    assert f"credgate admin create-user {EMAIL} --single-sign-on --role viewer" in refused.text
+    async with ctx.database.transaction(write=False) as repo:
+        assert await repo.count_admin_users() == 0
+
+
+async def test_new_users_may_be_made_viewers_who_change_nothing(
+    settings: Settings, ctx: Context, provider: OidcProvider
+) -> None:
+    app = create_app(sso_settings(settings, provider, oidc_new_users="viewer"), context=ctx)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://credgate.test") as panel:
+        assert (await sign_in(panel, provider)).status_code == 200
+        page = await panel.get("/admin/projects")
+        csrf = page.text.split('name="csrf" value="', 1)[1].split('"', 1)[0]
+        assert (await panel.post("/admin/projects", data={"csrf": csrf, "name": "x"})).status_code == 403
+    async with ctx.database.transaction(write=False) as repo:
+        user = await repo.find_admin_user(EMAIL)
+    assert user is not None
+    assert (user.role, user.password_hash) == ("viewer", "")
+
+
+async def test_the_callback_may_reach_another_instance(
+    settings: Settings, ctx: Context, provider: OidcProvider, panel: httpx.AsyncClient
+) -> None:
+    """The flow's state travels in the sealed cookie: an instance that never saw the start completes it."""
+    await admins.create_admin_user(ctx, username=EMAIL, password=None, actor="t", role="viewer")
+    callback = await through_provider(panel, provider)
+    other_ctx = await open_context(settings)  # the same database and master key, nothing else shared
+    try:
+        app = create_app(sso_settings(settings, provider), context=other_ctx)
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://credgate.test") as other:
+            other.cookies = panel.cookies
+            assert (await other.get(callback)).status_code == 200
+            assert EMAIL in (await other.get("/admin/projects")).text
+    finally:
+        await other_ctx.database.dispose()
+
+
+@pytest.mark.parametrize(
+    ("misbehave", "reason"),
+    [
+        ("wrong-nonce", "answer was refused"),
+        ("wrong-audience", "answer was refused"),
+        ("expired", "answer was refused"),
+        ("foreign-key", "answer was refused"),
+        ("other-issuer", "names another issuer"),
+        ("deny", "answered access_denied"),
+        ("unverified-email", "no verified email address"),
+        ("replayed-code", "answered invalid_grant"),
+        ("no-state-cookie", "started in another browser"),
+        ("altered-state-cookie", "started in another browser"),
+        ("other-state", "started in another browser"),
+    ],
+)
+async def test_every_wrong_answer_is_refused_without_a_session(
+    panel: httpx.AsyncClient, provider: OidcProvider, ctx: Context, misbehave: str, reason: str
+) -> None:
+    await admins.create_admin_user(ctx, username=EMAIL, password=None, actor="t", role="owner")
+    if misbehave == "other-issuer":
+        provider.misbehave = misbehave
+        refused = await panel.get("/admin/sso/start")
+    else:
+        provider.misbehave = misbehave
+        provider.account.email_verified = misbehave != "unverified-email"
+        callback = await through_provider(panel, provider)
+        if misbehave == "replayed-code":
+            assert (await panel.get(callback)).status_code == 200
+            panel.cookies.clear()
+            start = await panel.get("/admin/sso/start")  # a fresh flow, with the old code
+            assert start.status_code == 302
+            callback = callback.replace(
+                parse_qs(urlsplit(callback).query)["state"][0],
+                parse_qs(urlsplit(start.headers["location"]).query)["state"][0],
+            )
+        elif misbehave == "no-state-cookie":
+            panel.cookies.clear()
+        elif misbehave == "altered-state-cookie":
+            sealed = panel.cookies["credgate_sso"]
+            panel.cookies.clear()
+            panel.cookies.set("credgate_sso", sealed[:-6] + ("AAAAAA" if sealed[-6:] != "AAAAAA" else "BBBBBB"))
+        elif misbehave == "other-state":
+            callback = callback.replace("state=", "state=x")
+        refused = await panel.get(callback)
+
+    assert refused.status_code == 403
+    assert reason in refused.text
+    assert "credgate_session" not in refused.headers.get("set-cookie", "")
+    assert (await panel.get("/admin/projects")).status_code == 303
+
+
+async def test_without_single_sign_on_set_up_there_is_no_button_and_no_route(
+    client: httpx.AsyncClient, ctx: Context
+) -> None:
+    assert "Sign in with" not in (await client.get("/admin/login")).text
+    assert (await client.get("/admin/sso/start")).status_code == 404
+    assert (await client.get("/admin/sso/callback?code=x&state=y")).status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"oidc_issuer": "https://idp.example"}, "needs both"),
+        ({"oidc_client_id": "x"}, "needs both"),
+        ({"oidc_issuer": "http://idp.example", "oidc_client_id": "x"}, "must be an https:// URL"),
+    ],
+)
+def test_settings_refuse_half_a_provider_or_plain_http_off_this_machine(values: dict[str, str], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        Settings.model_validate(values)
