@@ -6,6 +6,7 @@ records what it received, and `misbehave` makes it answer wrongly in one named w
 import base64
 import functools
 import hashlib
+import html
 import secrets
 import time
 from collections.abc import AsyncIterator
@@ -50,6 +51,9 @@ class OidcProvider:
     account: Account = field(default_factory=Account)
     # One of: "" (behave), "wrong-nonce", "wrong-audience", "expired", "foreign-key", "other-issuer", "deny".
     misbehave: str = ""
+    # A page with a Continue link rather than a redirect, as a real provider's sign-in form: what the browser
+    # does next starts on the provider's site.
+    consent_page: bool = False
     authorize_requests: list[dict[str, str]] = field(default_factory=list)
     token_requests: list[dict[str, str]] = field(default_factory=list)
     refusals: list[str] = field(default_factory=list)
@@ -112,7 +116,11 @@ def _build_app(state: OidcProvider) -> web.Application:
             raise web.HTTPBadRequest(text="bad authorization request")
         code = secrets.token_urlsafe(16)
         state._grants[code] = _Grant(redirect_uri, query["code_challenge"], query.get("nonce", ""), state.account)
-        raise web.HTTPFound(f"{redirect_uri}?{urlencode({'code': code, 'state': query.get('state', '')})}")
+        back = f"{redirect_uri}?{urlencode({'code': code, 'state': query.get('state', '')})}"
+        if state.consent_page:
+            page = f'<!doctype html><title>Provider</title><a href="{html.escape(back)}">Continue</a>'
+            return web.Response(text=page, content_type="text/html")
+        raise web.HTTPFound(back)
 
     async def token(request: web.Request) -> web.Response:
         form = dict(await request.post())
@@ -149,13 +157,15 @@ def _build_app(state: OidcProvider) -> web.Application:
 
 
 @asynccontextmanager
-async def run_oidc_provider() -> AsyncIterator[OidcProvider]:
+async def run_oidc_provider(host: str = "127.0.0.1") -> AsyncIterator[OidcProvider]:
+    """On loopback; `host` is the name in its URLs ("localhost" makes it another site than 127.0.0.1 for a
+    browser's SameSite rules, as a real provider is)."""
     state = OidcProvider()
     runner = web.AppRunner(_build_app(state), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    state.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    state.url = f"http://{host}:{runner.addresses[0][1]}"
     try:
         yield state
     finally:
