@@ -49,7 +49,8 @@ class OidcProvider:
     url: str = ""
     key: SigningKey = field(default_factory=lambda: _provider_key())
     account: Account = field(default_factory=Account)
-    # One of: "" (behave), "wrong-nonce", "wrong-audience", "expired", "foreign-key", "other-issuer", "deny".
+    # One of: "" (behave), "wrong-nonce", "wrong-audience", "audience-only-in-azp", "expired", "foreign-key",
+    # "other-issuer", "not-json-discovery", "discovery-without-endpoints", "deny".
     misbehave: str = ""
     # A page with a Continue link rather than a redirect, as a real provider's sign-in form: what the browser
     # does next starts on the provider's site.
@@ -77,6 +78,8 @@ class OidcProvider:
                 claims["nonce"] = "not-the-one-sent"
             case "wrong-audience":
                 claims["aud"] = "another-client"
+            case "audience-only-in-azp":
+                claims |= {"aud": "another-client", "azp": CLIENT_ID}
             case "expired":
                 claims |= {"iat": now - 3600, "exp": now - 600}
             case "foreign-key":
@@ -90,6 +93,10 @@ def _s256(verifier: str) -> str:
 
 def _build_app(state: OidcProvider) -> web.Application:
     async def discovery(request: web.Request) -> web.Response:
+        if state.misbehave == "not-json-discovery":
+            return web.Response(text="<html>maintenance</html>", content_type="text/html")
+        if state.misbehave == "discovery-without-endpoints":
+            return web.json_response({"issuer": state.url})
         issuer = "https://impostor.example" if state.misbehave == "other-issuer" else state.url
         return web.json_response(
             {
@@ -109,8 +116,8 @@ def _build_app(state: OidcProvider) -> web.Application:
         state.authorize_requests.append(query)
         redirect_uri = query.get("redirect_uri", "")
         if state.misbehave == "deny":
-            back = {"error": "access_denied", "state": query.get("state", "")}
-            raise web.HTTPFound(f"{redirect_uri}?{urlencode(back)}")
+            denied = {"error": "access_denied", "state": query.get("state", "")}
+            raise web.HTTPFound(f"{redirect_uri}?{urlencode(denied)}")
         if query.get("client_id") != CLIENT_ID or query.get("code_challenge_method") != "S256":
             state.refusals.append("authorize: client or PKCE method")
             raise web.HTTPBadRequest(text="bad authorization request")

@@ -66,6 +66,8 @@ class Settings(BaseSettings):
     # What a first sign-in of someone the panel has no user for gives: nothing (an owner adds them first) or
     # read-only access to every project.
     oidc_new_users: Literal["refused", "viewer"] = "refused"
+    # The email domains, comma-separated, whose addresses `viewer` admits: a public provider knows everyone.
+    oidc_email_domains: str = ""
     # The button's words: "Sign in with <name>".
     oidc_name: str = Field(default="single sign-on", min_length=1, max_length=64)
 
@@ -81,7 +83,16 @@ class Settings(BaseSettings):
             raise ValueError("single sign-on needs both CREDGATE_OIDC_ISSUER and CREDGATE_OIDC_CLIENT_ID")
         if self.oidc_issuer is not None and not _secure_transport(self.oidc_issuer):
             raise ValueError("CREDGATE_OIDC_ISSUER must be an https:// URL (http:// only on this machine's loopback)")
+        if self.oidc_new_users == "viewer" and not self.oidc_email_domain_set:
+            raise ValueError(
+                "CREDGATE_OIDC_NEW_USERS=viewer needs CREDGATE_OIDC_EMAIL_DOMAINS: the domains whose people may "
+                "come in, for a public identity provider knows everyone"
+            )
         return self
+
+    @property
+    def oidc_email_domain_set(self) -> frozenset[str]:
+        return frozenset(part.strip().lower() for part in self.oidc_email_domains.split(",") if part.strip())
 
     @property
     def admin_listener(self) -> tuple[str, int] | None:

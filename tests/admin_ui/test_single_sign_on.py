@@ -3,19 +3,21 @@ with PKCE and a nonce, users matched by the provider's subject, password users n
 wrong answer refused without a session. The browser's side (SameSite cookies across the redirects) is in
 tests/browser/test_single_sign_on.py."""
 
+import asyncio
 from collections.abc import AsyncIterator
 from urllib.parse import parse_qs, urlsplit
 
 import httpx
 import pytest
 
+from credgate.admin_ui import sso_pages
 from credgate.app import create_app
 from credgate.config import Settings
 from credgate.services import admins, projects
 from credgate.services.bootstrap import open_context
 from credgate.services.context import Context
 from tests.admin_ui.test_security import PASSWORD
-from tests.oidc_provider import CLIENT_ID, CLIENT_SECRET, OidcProvider, run_oidc_provider
+from tests.oidc_provider import CLIENT_ID, CLIENT_SECRET, Account, OidcProvider, run_oidc_provider
 from tests.secret_sweep import SWEEP
 
 EMAIL = "alice@example.com"
@@ -156,20 +158,66 @@ async def test_someone_the_panel_does_not_know_is_refused_with_the_owners_comman
         assert await repo.count_admin_users() == 0
 
 
-async def test_new_users_may_be_made_viewers_who_change_nothing(
+async def test_new_users_of_the_listed_domains_may_be_made_viewers_who_change_nothing(
     settings: Settings, ctx: Context, provider: OidcProvider
 ) -> None:
-    app = create_app(sso_settings(settings, provider, oidc_new_users="viewer"), context=ctx)
+    changes = {"oidc_new_users": "viewer", "oidc_email_domains": "Example.com, example.org"}
+    app = create_app(sso_settings(settings, provider, **changes), context=ctx)
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://credgate.test") as panel:
+        provider.account = Account(sub="idp-user-9", email="mallory@elsewhere.example")
+        outsider = await sign_in(panel, provider)
+        assert outsider.status_code == 403
+        assert "this panel has no user mallory@elsewhere.example" in outsider.text
+        provider.account = Account(email="Alice@EXAMPLE.com")  # compared in lower case
         assert (await sign_in(panel, provider)).status_code == 200
         page = await panel.get("/admin/projects")
         csrf = page.text.split('name="csrf" value="', 1)[1].split('"', 1)[0]
         assert (await panel.post("/admin/projects", data={"csrf": csrf, "name": "x"})).status_code == 403
     async with ctx.database.transaction(write=False) as repo:
         user = await repo.find_admin_user(EMAIL)
+        assert await repo.count_admin_users() == 1
     assert user is not None
     assert (user.role, user.password_hash) == ("viewer", "")
+
+
+async def test_two_tabs_and_two_first_sign_ins_at_once_all_succeed(
+    panel: httpx.AsyncClient, provider: OidcProvider, ctx: Context
+) -> None:
+    """A second sign-in started in another tab does not spoil the first, and the same person's two first
+    sign-ins finishing together both open a session (one binds the user, the other finds it bound)."""
+    await admins.create_admin_user(ctx, username="Alice@Example.com", password=None, actor="t", role="viewer")
+    first, second = await through_provider(panel, provider), await through_provider(panel, provider)
+
+    done = await asyncio.gather(panel.get(first), panel.get(second))
+
+    assert [response.status_code for response in done] == [200, 200]
+    async with ctx.database.transaction(write=False) as repo:
+        assert await repo.count_admin_users() == 1
+
+
+async def test_a_flow_older_than_ten_minutes_or_a_link_with_any_error_text_is_refused(
+    panel: httpx.AsyncClient, provider: OidcProvider, ctx: Context, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await admins.create_admin_user(ctx, username=EMAIL, password=None, actor="t", role="viewer")
+    callback = await through_provider(panel, provider)
+    state = parse_qs(urlsplit(callback).query)["state"][0]
+    forged = f"/admin/sso/callback?error=Your+account+is+locked.+Call+555&state={state}"
+    shown = await panel.get(forged)
+    assert shown.status_code == 403
+    assert "locked" not in shown.text
+    assert "answer was refused" in shown.text
+    unknown = await panel.get("/admin/sso/callback?error=Your+account+is+locked&state=guessed")
+    assert "locked" not in unknown.text
+    assert "started in another browser" in unknown.text
+
+    callback = await through_provider(panel, provider)
+    later = sso_pages._now() + 601
+    monkeypatch.setattr(sso_pages, "_now", lambda: later)
+    stale = await panel.get(callback)
+
+    assert stale.status_code == 403
+    assert "took too long" in stale.text
 
 
 async def test_the_callback_may_reach_another_instance(
@@ -195,9 +243,9 @@ async def test_the_callback_may_reach_another_instance(
     [
         ("wrong-nonce", "answer was refused"),
         ("wrong-audience", "answer was refused"),
+        ("audience-only-in-azp", "answer was refused"),
         ("expired", "answer was refused"),
         ("foreign-key", "answer was refused"),
-        ("other-issuer", "names another issuer"),
         ("deny", "answered access_denied"),
         ("unverified-email", "no verified email address"),
         ("replayed-code", "answered invalid_grant"),
@@ -210,36 +258,52 @@ async def test_every_wrong_answer_is_refused_without_a_session(
     panel: httpx.AsyncClient, provider: OidcProvider, ctx: Context, misbehave: str, reason: str
 ) -> None:
     await admins.create_admin_user(ctx, username=EMAIL, password=None, actor="t", role="owner")
-    if misbehave == "other-issuer":
-        provider.misbehave = misbehave
-        refused = await panel.get("/admin/sso/start")
-    else:
-        provider.misbehave = misbehave
-        provider.account.email_verified = misbehave != "unverified-email"
-        callback = await through_provider(panel, provider)
-        if misbehave == "replayed-code":
-            assert (await panel.get(callback)).status_code == 200
-            panel.cookies.clear()
-            start = await panel.get("/admin/sso/start")  # a fresh flow, with the old code
-            assert start.status_code == 302
-            callback = callback.replace(
-                parse_qs(urlsplit(callback).query)["state"][0],
-                parse_qs(urlsplit(start.headers["location"]).query)["state"][0],
-            )
-        elif misbehave == "no-state-cookie":
-            panel.cookies.clear()
-        elif misbehave == "altered-state-cookie":
-            sealed = panel.cookies["credgate_sso"]
-            panel.cookies.clear()
-            panel.cookies.set("credgate_sso", sealed[:-6] + ("AAAAAA" if sealed[-6:] != "AAAAAA" else "BBBBBB"))
-        elif misbehave == "other-state":
-            callback = callback.replace("state=", "state=x")
-        refused = await panel.get(callback)
+    provider.misbehave = misbehave
+    provider.account.email_verified = misbehave != "unverified-email"
+    callback = await through_provider(panel, provider)
+    if misbehave == "replayed-code":
+        assert (await panel.get(callback)).status_code == 200
+        panel.cookies.clear()
+        start = await panel.get("/admin/sso/start")  # a fresh flow, with the old code
+        assert start.status_code == 302
+        callback = callback.replace(
+            parse_qs(urlsplit(callback).query)["state"][0],
+            parse_qs(urlsplit(start.headers["location"]).query)["state"][0],
+        )
+    elif misbehave == "no-state-cookie":
+        panel.cookies.clear()
+    elif misbehave == "altered-state-cookie":
+        [(name, sealed)] = panel.cookies.items()
+        panel.cookies.clear()
+        panel.cookies.set(name, sealed[:-6] + ("AAAAAA" if sealed[-6:] != "AAAAAA" else "BBBBBB"))
+    elif misbehave == "other-state":
+        callback = callback.replace("state=", "state=x")
+
+    refused = await panel.get(callback)
 
     assert refused.status_code == 403
     assert reason in refused.text
     assert "credgate_session" not in refused.headers.get("set-cookie", "")
     assert (await panel.get("/admin/projects")).status_code == 303
+
+
+@pytest.mark.parametrize(
+    ("misbehave", "reason"),
+    [
+        ("other-issuer", "names another issuer"),
+        ("not-json-discovery", "answer was refused"),
+        ("discovery-without-endpoints", "answer was refused"),
+    ],
+)
+async def test_a_discovery_document_that_is_wrong_or_not_one_is_refused_then_read_again(
+    panel: httpx.AsyncClient, provider: OidcProvider, misbehave: str, reason: str
+) -> None:
+    provider.misbehave = misbehave
+    refused = await panel.get("/admin/sso/start")
+    assert refused.status_code == 403
+    assert reason in refused.text
+    provider.misbehave = ""  # mended at the provider: the next sign-in reads the document again
+    assert (await panel.get("/admin/sso/start")).status_code == 302
 
 
 async def test_without_single_sign_on_set_up_there_is_no_button_and_no_route(
@@ -256,6 +320,7 @@ async def test_without_single_sign_on_set_up_there_is_no_button_and_no_route(
         ({"oidc_issuer": "https://idp.example"}, "needs both"),
         ({"oidc_client_id": "x"}, "needs both"),
         ({"oidc_issuer": "http://idp.example", "oidc_client_id": "x"}, "must be an https:// URL"),
+        ({"oidc_issuer": "https://idp.example", "oidc_client_id": "x", "oidc_new_users": "viewer"}, "EMAIL_DOMAINS"),
     ],
 )
 def test_settings_refuse_half_a_provider_or_plain_http_off_this_machine(values: dict[str, str], message: str) -> None:

@@ -1,6 +1,6 @@
 """Persistence: the ORM models, the Database (engine, transactions, migrations) and its Repository."""
 
-from credgate.storage.database import Database, StorageUnavailable
+from credgate.storage.database import Database, DuplicateRow, StorageUnavailable
 from credgate.storage.repository import Repository, ResolvedRow, UsageRow
 
-__all__ = ["Database", "Repository", "ResolvedRow", "StorageUnavailable", "UsageRow"]
+__all__ = ["Database", "DuplicateRow", "Repository", "ResolvedRow", "StorageUnavailable", "UsageRow"]

@@ -18,7 +18,7 @@ from urllib.parse import quote
 
 from sqlalchemy import URL, Connection, event, inspect, text
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import InterfaceError, OperationalError, SQLAlchemyError
+from sqlalchemy.exc import IntegrityError, InterfaceError, OperationalError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
 from sqlalchemy.pool import NullPool
 
@@ -29,6 +29,8 @@ logger = logging.getLogger(__name__)
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 # The newest migration's revision (a test holds it to Alembic's head): a database already there is not migrated,
 # and the process does not load Alembic (about 10 MB) to find that out.
+# A unique index refused a row, which another transaction made at the same moment: the services' name for it.
+DuplicateRow = IntegrityError
 HEAD_REVISION = "0013"
 # The meta row holding the random id a database is given when it is created (see services/bootstrap.py).
 DATABASE_ID = "database_id"
