@@ -11,7 +11,7 @@ from credgate.errors import Conflict, InvalidInput, NotFound, Unauthorized
 from credgate.limits import Name, Password, within
 from credgate.roles import Role, checked_grant
 from credgate.services.context import Context, new_id
-from credgate.storage import Repository
+from credgate.storage import DuplicateRow, Repository
 from credgate.storage.models import AdminToken, AdminUser
 
 ADMIN_TOKEN_PREFIX = "cga_"  # noqa: S105 - a public prefix, not a secret
@@ -75,6 +75,8 @@ def new_admin_user(
     """A validated user row with its password hashed (argon2id) and its role checked; not stored yet.
     With no password, the user signs in only through the identity provider (README, Single sign-on)."""
     username = within("username", Name, username.strip())
+    if password is None:
+        username = username.lower()  # an email address, as single sign-on compares it
     if any(char.isspace() for char in username):
         raise InvalidInput("username", "may not hold white space")
     if password is not None:
@@ -125,19 +127,52 @@ async def set_admin_role(
     return user
 
 
-async def single_sign_on_user(ctx: Context, *, issuer: str, subject: str, email: str, new_users: str) -> AdminUser:
+async def single_sign_on_user(
+    ctx: Context,
+    *,
+    issuer: str,
+    subject: str,
+    email: str,
+    new_users: str,
+    new_user_domains: frozenset[str] = frozenset(),
+) -> AdminUser:
     """The panel user that the identity provider's account `subject` (whose verified address is `email`) is.
 
     Known by its subject after its first sign-in, so a reassigned address never reaches another person's user.
-    At the first sign-in it takes over the user named `email` only if that user was added for single sign-on
-    (no password, no subject yet): a password user is never taken over. Without such a user, `new_users`
-    ("viewer") creates one, or ("refused") the sign-in is refused until an owner adds it.
+    At the first sign-in it takes over the user named `email` (in lower case) only if that user was added for
+    single sign-on (no password, no subject yet): a password user is never taken over. Without such a user,
+    `new_users` ("viewer") creates one for an address in `new_user_domains`, or ("refused") the sign-in is
+    refused until an owner adds it.
     """
-    oidc_subject = f"{issuer} {subject}"
+    oidc_subject, email = f"{issuer} {subject}", email.lower()
     async with ctx.database.transaction(write=False) as repo:
         user = await repo.find_oidc_user(oidc_subject)
     if user is not None:
         return user
+    try:
+        async with ctx.change(
+            actor=f"sso:{email}", action="admin_user.single_sign_on", detail={"username": email}
+        ) as repo:
+            user = await repo.find_admin_user(email)
+            if user is None:
+                if new_users != Role.VIEWER or email.rpartition("@")[2] not in new_user_domains:
+                    raise Unauthorized(
+                        f"this panel has no user {email}: an owner can add one with "
+                        f"`credgate admin create-user {email} --single-sign-on --role viewer`"
+                    )
+                user = new_admin_user(ctx, username=email, password=None, role=Role.VIEWER)
+                repo.add(user)
+            elif user.oidc_subject == oidc_subject:
+                return user  # the same person's first sign-in, finished a moment ago in another tab
+            elif user.has_password or user.oidc_subject is not None:
+                raise Unauthorized(f"the panel's user {email} signs in another way, not through single sign-on")
+            user.oidc_subject = oidc_subject
+    except DuplicateRow:  # the same person's first sign-in, made at the same moment elsewhere
+        async with ctx.database.transaction(write=False) as repo:
+            user = await repo.find_oidc_user(oidc_subject)
+        if user is None:
+            raise
+    return user
     actor = f"sso:{email}"
     async with ctx.change(actor=actor, action="admin_user.single_sign_on", detail={"username": email}) as repo:
         user = await repo.find_admin_user(email)
