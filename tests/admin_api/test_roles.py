@@ -30,6 +30,10 @@ OWNER_ONLY = {
     ("POST", "/api/v1/projects"),
     ("DELETE", "/api/v1/projects/{project_id}"),
     ("GET", "/api/v1/audit/export"),
+    *((method, "/api/v1/admin-users") for method in ("GET", "POST")),
+    *((method, "/api/v1/admin-users/{username:path}") for method in ("PATCH", "DELETE")),
+    *((method, "/api/v1/admin-tokens") for method in ("GET", "POST")),
+    *((method, "/api/v1/admin-tokens/{token_id}") for method in ("PATCH", "DELETE")),
 }
 # Reads that name no project: each admin gets what it may see.
 OPEN_READS = {"/api/v1/projects", "/api/v1/templates"}
@@ -101,6 +105,7 @@ def _api_routes(found: list[BaseRoute]) -> Iterator[APIRoute]:
 
 def test_the_walk_covers_every_admin_route_of_the_app(settings: Settings) -> None:
     """A route added to the app under /api/v1 is walked above, and it is authenticated and checked."""
+    assert set(ADMIN_ROUTES) >= OWNER_ONLY
     app_routes = list(_api_routes(create_app(settings).control.routes))
     admin_routes = [each for each in app_routes if each.path.startswith("/api/v1") or each.path == "/metrics"]
     assert {(method, route.path) for route in admin_routes for method in route.methods or ()} == set(ADMIN_ROUTES)
@@ -109,7 +114,9 @@ def test_the_walk_covers_every_admin_route_of_the_app(settings: Settings) -> Non
 
 def _url(path: str, project_id: str) -> str:
     values = {"project_id": project_id, "provider": "openai", "key_id": "key_x", "budget_id": "bud_x"}
-    return path.format_map({**{"webhook_id": "whk_x"}, **values})
+    # Admins no test principal is: the owner's call answers 404, and changes nobody.
+    values |= {"username": "nobody", "token_id": "adm_x"}
+    return path.replace(":path}", "}").format_map({**{"webhook_id": "whk_x"}, **values})
 
 
 @pytest.fixture

@@ -42,11 +42,16 @@ FORM_PAGES = {
     "/projects/{project_id}/webhooks/{webhook_id}/remove",
     "/projects/{project_id}/token/revoke",
     "/projects/{project_id}/delete",
+    "/admins/users/{user_id}/delete",
+    "/admins/tokens/{token_id}/revoke",
 }
+# The Admins page, even its reading, and every form of it are the owner's too.
+ADMIN_PAGES = {(method, path) for method, path in PANEL_ROUTES if path.startswith("/admins")}
 OWNER_ONLY = {
     ("POST", "/projects"),
     ("GET", "/projects/{project_id}/delete"),
     ("POST", "/projects/{project_id}/delete"),
+    *ADMIN_PAGES,
 }
 
 
@@ -111,11 +116,14 @@ def refused(principal: str, method: str, path: str, of_mine: bool) -> bool:
 
 def test_the_walk_covers_the_panel() -> None:
     assert ("POST", "/projects/{project_id}/integrations/{provider}/keys") in PANEL_ROUTES
+    assert {("GET", "/admins"), ("POST", "/admins/users"), ("POST", "/admins/tokens/{token_id}/role")} <= ADMIN_PAGES
+    assert len(ADMIN_PAGES) == 9
     assert {path for _, path in PANEL_ROUTES} >= FORM_PAGES
 
 
 def _url(path: str, project_id: str) -> str:
     values = {"project_id": project_id, "provider": "openai", "key_id": "key_x", "budget_id": "bud_x"}
+    values |= {"user_id": "usr_x", "token_id": "adm_x"}  # no admin's: the owner's call changes nobody
     return "/admin" + path.format_map({"webhook_id": "whk_x", **values})
 
 

@@ -13,7 +13,7 @@ import httpx
 import pytest
 from playwright.async_api import Browser, Page, ViewportSize
 
-from tests.browser.conftest import PASSWORD, seen, sign_in
+from tests.browser.conftest import PASSWORD, screenshot, seen, sign_in
 from tests.e2e.conftest import RunningGateway, start_gateway, stop_gateway
 from tests.secret_sweep import SWEEP
 
@@ -27,6 +27,14 @@ LONG_PROVIDER = "a-provider-whose-name-is-as-long-as-a-dns-label-may-be-0123456"
 CLOSED_PORT = "http://127.0.0.1:9/v1"  # nothing listens: a call fails at once
 PHONE: ViewportSize = {"width": 390, "height": 844}
 DESKTOP: ViewportSize = {"width": 1200, "height": 900}
+# The pages the README shows, by the name of their picture in docs/screenshots (CREDGATE_TEST_SCREENSHOTS).
+SCREENSHOTS = {
+    "integration": "integration",
+    "keys": "key-pool",
+    "budgets": "budgets",
+    "webhooks": "webhooks",
+    "admins": "admins",
+}
 
 
 @pytest.fixture
@@ -68,6 +76,7 @@ class Site:
             "budgets": f"{project}/budgets",
             "webhooks": f"{project}/webhooks",
             "audit": "/admin/audit",
+            "admins": "/admin/admins",
             "add new API": f"{project}/add",
             "add new API: details": f"{project}/add?provider=anthropic",
             "custom configure": f"{project}/custom",
@@ -149,7 +158,9 @@ async def _sideways(page: Page) -> int:
     return width
 
 
-async def test_no_main_page_has_a_serious_or_critical_axe_violation(site: Site, tab: Page, axe_script: Path) -> None:
+async def test_no_main_page_has_a_serious_or_critical_axe_violation(
+    site: Site, tab: Page, axe_script: Path, tmp_path: Path
+) -> None:
     found: dict[str, list[str]] = {}
     await tab.goto(f"{site.gateway.url}/admin/login")
     found["sign-in"] = await _serious_violations(tab, axe_script)
@@ -157,6 +168,8 @@ async def test_no_main_page_has_a_serious_or_critical_axe_violation(site: Site, 
     for name, path in site.pages().items():
         await tab.goto(f"{site.gateway.url}{path}")
         await seen(tab)
+        if name in SCREENSHOTS:
+            await screenshot(tab, SCREENSHOTS[name], tmp_path)
         found[name] = await _serious_violations(tab, axe_script)
     await _review_page(tab, site)
     assert REVIEW_KEY not in await seen(tab)

@@ -10,6 +10,11 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from credgate import metrics
 from credgate.admin_api.schemas import (
+    AdminTokenIn,
+    AdminTokenOut,
+    AdminTokenSecretOut,
+    AdminUserIn,
+    AdminUserOut,
     AuditEventOut,
     BudgetIn,
     BudgetOut,
@@ -32,6 +37,7 @@ from credgate.admin_api.schemas import (
     ProjectSecretOut,
     PromoteIn,
     RequestRecordOut,
+    RoleIn,
     TemplateOut,
     TokenRotateIn,
     UsageOut,
@@ -44,7 +50,7 @@ from credgate.admin_api.schemas import (
     actor_of,
 )
 from credgate.error_responses import ERROR_RESPONSES
-from credgate.errors import Unauthorized
+from credgate.errors import InvalidInput, Unauthorized
 from credgate.limits import ListLimit, Moment
 from credgate.resolved import ResolvedIntegration
 from credgate.roles import Principal
@@ -82,8 +88,13 @@ class AuthenticatedRoute(APIRoute):
         return authenticate_then_handle
 
 
-# What only an owner may do, beyond any change that names no project (credgate.roles).
-_OWNER_ONLY = {("DELETE", "/api/v1/projects/{project_id}"), ("GET", "/api/v1/audit/export")}
+# What only an owner may do, beyond any change that names no project (credgate.roles): the admins' reads too.
+_OWNER_ONLY = {
+    ("DELETE", "/api/v1/projects/{project_id}"),
+    ("GET", "/api/v1/audit/export"),
+    ("GET", "/api/v1/admin-users"),
+    ("GET", "/api/v1/admin-tokens"),
+}
 # Reads that name no project and answer each admin what it may see, checked by the route itself.
 _SELF_CHECKED_READS = {"/api/v1/projects", "/api/v1/templates", "/api/v1/audit"}
 
@@ -507,6 +518,77 @@ async def list_deliveries(
     """The webhook delivery log, newest first."""
     found = await events.list_deliveries(ctx, project_id=project_id, webhook_id=webhook_id, limit=limit)
     return ItemsOut(items=[DeliveryOut.of(delivery) for delivery in found])
+
+
+# admins (the owner's: a change names no project, and the reads are listed in _OWNER_ONLY)
+
+
+@router.get("/admin-users")
+async def list_admin_users(ctx: ContextDep, _actor: Actor) -> ItemsOut[AdminUserOut]:
+    return ItemsOut(items=[AdminUserOut.of(user) for user in await admins.list_admin_users(ctx)])
+
+
+@router.post("/admin-users", status_code=201)
+async def create_admin_user(body: AdminUserIn, ctx: ContextDep, actor: Actor) -> AdminUserOut:
+    """A panel user with a password, or (`single_sign_on`) one that signs in through the identity provider."""
+    if (body.password is None) != body.single_sign_on:
+        raise InvalidInput("password", 'give a password, or "single_sign_on": true for none')
+    user = await admins.create_admin_user(
+        ctx,
+        username=body.username,
+        password=None if body.password is None else body.password.get_secret_value(),
+        role=body.role,
+        project_ids=body.project_ids,
+        actor=actor,
+    )
+    return AdminUserOut.of(user)
+
+
+# `:path`: a username may hold a slash; the document shows the parameter as {username}.
+@router.patch("/admin-users/{username:path}")
+async def set_admin_user_role(username: str, body: RoleIn, ctx: ContextDep, actor: Actor) -> AdminUserOut:
+    """Another role for a panel user, from its next page on; never the last owner's."""
+    user = await admins.set_admin_role(
+        ctx, username=username, role=body.role, project_ids=body.project_ids, actor=actor
+    )
+    return AdminUserOut.of(user)
+
+
+@router.delete("/admin-users/{username:path}", status_code=204)
+async def delete_admin_user(username: str, ctx: ContextDep, actor: Actor) -> Response:
+    """Delete a panel user; its sessions end at once. Never the last owner."""
+    await admins.delete_admin_user(ctx, username=username, actor=actor)
+    return Response(status_code=204)
+
+
+@router.get("/admin-tokens")
+async def list_admin_tokens(ctx: ContextDep, _actor: Actor) -> ItemsOut[AdminTokenOut]:
+    return ItemsOut(items=[AdminTokenOut.of(token) for token in await admins.list_admin_tokens(ctx)])
+
+
+@router.post("/admin-tokens", status_code=201)
+async def create_admin_token(body: AdminTokenIn, ctx: ContextDep, actor: Actor) -> AdminTokenSecretOut:
+    """A new admin token with its value: shown in this answer only."""
+    token, secret = await admins.issue_admin_token(
+        ctx, name=body.name, role=body.role, project_ids=body.project_ids, actor=actor
+    )
+    return AdminTokenSecretOut(admin_token=AdminTokenOut.of(token), secret=secret)
+
+
+@router.patch("/admin-tokens/{token_id}")
+async def set_admin_token_role(token_id: str, body: RoleIn, ctx: ContextDep, actor: Actor) -> AdminTokenOut:
+    """Another role for an admin token, from its next request on; never the last owner's."""
+    token = await admins.set_admin_token_role(
+        ctx, token_id=token_id, role=body.role, project_ids=body.project_ids, actor=actor
+    )
+    return AdminTokenOut.of(token)
+
+
+@router.delete("/admin-tokens/{token_id}", status_code=204)
+async def revoke_admin_token(token_id: str, ctx: ContextDep, actor: Actor) -> Response:
+    """Revoke an admin token: its next request is refused. Never the last owner."""
+    await admins.revoke_admin_token(ctx, token_id=token_id, actor=actor)
+    return Response(status_code=204)
 
 
 # records

@@ -13,6 +13,7 @@ from credgate.limits import (
     MAX_KEY_LABEL_LENGTH,
     MAX_KEY_LENGTH,
     MAX_KEYS_PER_INTEGRATION,
+    MIN_PASSWORD_LENGTH,
     ExpiresInSeconds,
     GraceSeconds,
     KeyMaxAgeDays,
@@ -42,6 +43,7 @@ from credgate.spending import MICROS_PER_DOLLAR
 from credgate.storage import UsageRow
 from credgate.storage.models import (
     AdminToken,
+    AdminUser,
     AuditEvent,
     EventDelivery,
     Integration,
@@ -507,6 +509,96 @@ class VerifiedIntegrationOut(IntegrationOut):
     """An integration, and what the provider said of its key (when `verify` was asked)."""
 
     verification: VerificationOut
+
+
+# admins
+
+RoleName = Literal["owner", "project_admin", "viewer"]  # credgate.roles.Role's values
+MAX_GRANTED_PROJECTS = 1000  # a bound on the body; each id must name a project anyway
+GrantedProjects = Annotated[
+    list[str],
+    Field(
+        max_length=MAX_GRANTED_PROJECTS,
+        description="project ids: none for an owner, one or more for a project admin, none for a viewer of every one",
+    ),
+]
+
+
+class AdminUserIn(In):
+    """A panel user: with a password, or `single_sign_on` (no password: it signs in through the identity provider
+    as `username`, its verified email address)."""
+
+    username: Name
+    password: Annotated[SecretStr, Field(min_length=MIN_PASSWORD_LENGTH)] | None = None
+    single_sign_on: bool = False
+    role: RoleName = "owner"
+    project_ids: GrantedProjects = []
+
+
+class AdminTokenIn(In):
+    name: Name
+    role: RoleName = "owner"
+    project_ids: GrantedProjects = []
+
+
+class RoleIn(In):
+    """Another role for an admin, and its projects (replacing the list)."""
+
+    role: RoleName
+    project_ids: GrantedProjects = []
+
+
+class AdminUserOut(BaseModel):
+    """A panel user: how it signs in, never its password's hash."""
+
+    id: str
+    username: str
+    sign_in: Literal["password", "single_sign_on"]
+    role: str
+    project_ids: list[str]
+    created_at: datetime
+
+    @classmethod
+    def of(cls, user: AdminUser) -> Self:
+        return cls(
+            id=user.id,
+            username=user.username,
+            sign_in="password" if user.has_password else "single_sign_on",
+            role=user.role,
+            project_ids=list(user.project_ids),
+            created_at=user.created_at,
+        )
+
+
+class AdminTokenOut(BaseModel):
+    """An admin token: its prefix, never its value or hash."""
+
+    id: str
+    name: str
+    prefix: str
+    role: str
+    project_ids: list[str]
+    created_at: datetime
+    last_used_at: datetime | None
+
+    @classmethod
+    def of(cls, token: AdminToken) -> Self:
+        return cls(
+            id=token.id,
+            name=token.name,
+            prefix=token.prefix,
+            role=token.role,
+            project_ids=list(token.project_ids),
+            created_at=token.created_at,
+            last_used_at=token.last_used_at,
+        )
+
+
+class AdminTokenSecretOut(BaseModel):
+    """A new admin token with its value: the only answer that ever shows it."""
+
+    admin_token: AdminTokenOut
+    secret: str
 
 
 # records

@@ -12,6 +12,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from credgate.admin_ui import (
+    admin_pages,
     auth_pages,
     budget_pages,
     integration_pages,
@@ -47,6 +48,7 @@ def create_panel(
         *key_pages.routes,
         *budget_pages.routes,
         *webhook_pages.routes,
+        *admin_pages.routes,
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]
     app = Starlette(

@@ -1,6 +1,7 @@
-"""Admins: API tokens (`cga_…`) for the admin API and CLI scripts, and panel users with argon2 passwords."""
+"""Admins: API tokens (`cga_…`) for the admin API and CLI scripts, and panel users with argon2 passwords; listed,
+given roles and removed by an owner, never leaving the gateway without one."""
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -10,7 +11,7 @@ from credgate.crypto import generate_token, hash_token
 from credgate.errors import Conflict, InvalidInput, NotFound, Unauthorized
 from credgate.limits import Name, Password, within
 from credgate.roles import Role, checked_grant
-from credgate.services.context import Context, new_id
+from credgate.services.context import Context, new_id, plausible_id
 from credgate.storage import DuplicateRow, Repository
 from credgate.storage.models import AdminToken, AdminUser
 
@@ -23,6 +24,14 @@ async def create_admin_token(
     ctx: Context, *, name: str, actor: str, role: str = Role.OWNER, project_ids: Iterable[str] = ()
 ) -> str:
     """Issue an admin token with its role (credgate.roles); its value is returned only here."""
+    _, secret = await issue_admin_token(ctx, name=name, actor=actor, role=role, project_ids=project_ids)
+    return secret
+
+
+async def issue_admin_token(
+    ctx: Context, *, name: str, actor: str, role: str = Role.OWNER, project_ids: Iterable[str] = ()
+) -> tuple[AdminToken, str]:
+    """Issue an admin token with its role: the row, and its value, which is returned only here."""
     name = within("name", Name, name)
     role, granted = checked_grant(role, project_ids)
     secret = generate_token(ADMIN_TOKEN_PREFIX)
@@ -38,11 +47,13 @@ async def create_admin_token(
     async with ctx.change(actor=actor, action="admin_token.create", detail=_grant(role, granted)) as repo:
         await _require_projects(repo, granted)
         repo.add(token)
-    return secret
+    return token, secret
 
 
 async def _require_projects(repo: Repository, project_ids: list[str]) -> None:
     for project_id in project_ids:
+        if not plausible_id(project_id):  # looked up nowhere, nor repeated
+            raise InvalidInput("project_ids", "holds an id that names no project")
         if await repo.get_project(project_id) is None:
             raise InvalidInput("project_ids", f"no project {project_id}")
 
@@ -119,12 +130,97 @@ async def set_admin_role(
     checked, granted = checked_grant(role, project_ids)
     grant = _grant(checked, granted, username=username)
     async with ctx.change(actor=actor, action="admin_user.set_role", detail=grant) as repo:
-        user = await repo.find_admin_user(username)
-        if user is None:
-            raise NotFound(f"no user {username}")
+        user = await _find_user(repo, username)
         await _require_projects(repo, granted)
+        if checked != Role.OWNER:
+            await _keep_an_owner(repo, user, f"user {user.username}")
         user.role, user.project_ids = checked.value, granted
     return user
+
+
+async def list_admin_users(ctx: Context) -> Sequence[AdminUser]:
+    """Every panel user, by name. Rows: what a caller shows of one is `has_password`, never its hash."""
+    async with ctx.database.transaction(write=False) as repo:
+        return await repo.list_admin_users()
+
+
+async def get_admin_user(ctx: Context, *, user_id: str) -> AdminUser:
+    """The panel user with this id (the panel's pages name users by id), or NotFound."""
+    async with ctx.database.transaction(write=False) as repo:
+        user = await repo.get_admin_user(user_id) if plausible_id(user_id) else None
+    if user is None:
+        raise NotFound("no such user")
+    return user
+
+
+async def delete_admin_user(ctx: Context, *, username: str, actor: str) -> None:
+    """Delete a panel user: its sessions end with it, at once. Conflict if it is the last owner."""
+    async with ctx.change(actor=actor, action="admin_user.delete", detail={"username": username}) as repo:
+        user = await _find_user(repo, username)
+        await _keep_an_owner(repo, user, f"user {user.username}")
+        await repo.delete_admin_sessions_of(user.id)
+        await repo.delete(user)
+
+
+async def list_admin_tokens(ctx: Context) -> Sequence[AdminToken]:
+    """Every admin token, oldest first. Rows: what a caller shows of one is its `prefix`, never its hash."""
+    async with ctx.database.transaction(write=False) as repo:
+        return await repo.list_admin_tokens()
+
+
+async def get_admin_token(ctx: Context, *, token_id: str) -> AdminToken:
+    async with ctx.database.transaction(write=False) as repo:
+        return await _find_token(repo, token_id)
+
+
+async def set_admin_token_role(
+    ctx: Context, *, token_id: str, role: str, project_ids: Iterable[str] = (), actor: str
+) -> AdminToken:
+    """Give an admin token another role (and projects), from its next request on."""
+    checked, granted = checked_grant(role, project_ids)
+    grant = _grant(checked, granted, token_id=token_id)
+    async with ctx.change(actor=actor, action="admin_token.set_role", detail=grant) as repo:
+        token = await _find_token(repo, token_id)
+        await _require_projects(repo, granted)
+        if checked != Role.OWNER:
+            await _keep_an_owner(repo, token, f"admin token {token.name}")
+        token.role, token.project_ids = checked.value, granted
+    return token
+
+
+async def revoke_admin_token(ctx: Context, *, token_id: str, actor: str) -> None:
+    """Delete an admin token: its next request is refused (401). Conflict if it is the last owner."""
+    async with ctx.change(actor=actor, action="admin_token.revoke", detail={"token_id": token_id}) as repo:
+        token = await _find_token(repo, token_id)
+        await _keep_an_owner(repo, token, f"admin token {token.name}")
+        await repo.delete(token)
+
+
+async def _find_user(repo: Repository, username: str) -> AdminUser:
+    try:
+        within("username", Name, username)
+    except InvalidInput:  # a name no user can have (a NUL, say) is looked up nowhere, nor repeated
+        raise NotFound("no such user") from None
+    user = await repo.find_admin_user(username)
+    if user is None:
+        raise NotFound(f"no user {username}")
+    return user
+
+
+async def _find_token(repo: Repository, token_id: str) -> AdminToken:
+    token = await repo.get_admin_token(token_id) if plausible_id(token_id) else None
+    if token is None:
+        raise NotFound("no such admin token")
+    return token
+
+
+async def _keep_an_owner(repo: Repository, losing: AdminUser | AdminToken, what: str) -> None:
+    """Conflict if `losing`, about to stop being an owner, is the last one (users and tokens counted together):
+    the gateway always keeps an admin who may manage the others."""
+    if losing.role != Role.OWNER:
+        return
+    if not [owner for owner in await repo.lock_owner_ids() if owner != losing.id]:
+        raise Conflict(f"{what} is the last owner: make another user or admin token an owner first")
 
 
 async def single_sign_on_user(
@@ -172,19 +268,4 @@ async def single_sign_on_user(
             user = await repo.find_oidc_user(oidc_subject)
         if user is None:
             raise
-    return user
-    actor = f"sso:{email}"
-    async with ctx.change(actor=actor, action="admin_user.single_sign_on", detail={"username": email}) as repo:
-        user = await repo.find_admin_user(email)
-        if user is None:
-            if new_users != Role.VIEWER:
-                raise Unauthorized(
-                    f"this panel has no user {email}: an owner can add one with "
-                    f"`credgate admin create-user {email} --single-sign-on --role viewer`"
-                )
-            user = new_admin_user(ctx, username=email, password=None, role=Role.VIEWER)
-            repo.add(user)
-        elif user.has_password or user.oidc_subject is not None:
-            raise Unauthorized(f"the panel's user {email} signs in another way, not through single sign-on")
-        user.oidc_subject = oidc_subject
     return user

@@ -164,6 +164,34 @@ class Repository:
     async def count_admin_users(self) -> int:
         return int((await self._session.execute(select(func.count()).select_from(AdminUser))).scalar_one())
 
+    async def list_admin_users(self) -> Sequence[AdminUser]:
+        return (await self._session.scalars(select(AdminUser).order_by(AdminUser.username))).all()
+
+    async def get_admin_user(self, user_id: str) -> AdminUser | None:
+        return await self._session.get(AdminUser, user_id)
+
+    async def list_admin_tokens(self) -> Sequence[AdminToken]:
+        statement = select(AdminToken).order_by(AdminToken.created_at, AdminToken.id)
+        return (await self._session.scalars(statement)).all()
+
+    async def get_admin_token(self, token_id: str) -> AdminToken | None:
+        return await self._session.get(AdminToken, token_id)
+
+    async def lock_owner_ids(self) -> list[str]:
+        """The ids of every owner, users' and tokens', locked until the transaction ends (FOR UPDATE on PostgreSQL,
+        in one order; SQLite's write transactions are serialised already): two changes that would each leave one
+        owner queue, and the second sees the first's outcome."""
+        found: list[str] = []
+        for model in (AdminUser, AdminToken):
+            statement = select(model.id).where(model.role == "owner").order_by(model.id).with_for_update()
+            found += [str(each) for each in (await self._session.scalars(statement)).all()]
+        return found
+
+    async def delete_admin_sessions_of(self, user_id: str) -> None:
+        """End every session of a user, its panel state with it (as the foreign key's cascade would: said here
+        rather than left to it)."""
+        await self._session.execute(delete(AdminSession).where(AdminSession.user_id == user_id))
+
     async def get_admin_session(self, session_id: str) -> AdminSession | None:
         return await self._session.get(AdminSession, session_id)
 
