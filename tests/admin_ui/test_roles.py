@@ -49,6 +49,7 @@ FORM_PAGES = {
 ADMIN_PAGES = {(method, path) for method, path in PANEL_ROUTES if path.startswith("/admins")}
 OWNER_ONLY = {
     ("POST", "/projects"),
+    ("GET", "/audit/export"),  # the whole audit log, as the admin API's export: an owner's, not a viewer's of all
     ("GET", "/projects/{project_id}/delete"),
     ("POST", "/projects/{project_id}/delete"),
     *ADMIN_PAGES,
@@ -116,6 +117,7 @@ def refused(principal: str, method: str, path: str, of_mine: bool) -> bool:
 
 def test_the_walk_covers_the_panel() -> None:
     assert ("POST", "/projects/{project_id}/integrations/{provider}/keys") in PANEL_ROUTES
+    assert ("GET", "/audit/export") in PANEL_ROUTES
     assert {("GET", "/admins"), ("POST", "/admins/users"), ("POST", "/admins/tokens/{token_id}/role")} <= ADMIN_PAGES
     assert len(ADMIN_PAGES) == 9
     assert {path for _, path in PANEL_ROUTES} >= FORM_PAGES

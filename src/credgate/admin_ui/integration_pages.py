@@ -1,7 +1,7 @@
 """Integrations: Custom Configure, an integration's endpoints and settings, and the key's edit, rotate and revoke
 (Add new API is add_api_pages.py). No page ever holds a stored key: forms post it once, blank, and a form refused
 for another reason says to enter the key again. What else was typed comes back as it was, with each problem next
-to its field or row."""
+to its field or row. A form that saves a key offers to check it with the provider (key_pages' helpers)."""
 
 from dataclasses import dataclass
 from typing import Any
@@ -14,6 +14,7 @@ from starlette.routing import Route
 
 from credgate.admin_ui import add_api_pages, auth_form
 from credgate.admin_ui.base import Visit, field, form_of, redirect, render, visit
+from credgate.admin_ui.key_pages import verification_after_save, wants_verification
 from credgate.admin_ui.messages import line_error, row_errors, sentence, service_errors
 from credgate.errors import Conflict, InvalidInput
 from credgate.limits import StreamIdleTimeoutSeconds, TimeoutSeconds, parse_float
@@ -28,7 +29,7 @@ from credgate.specs import (
     check_header_name,
     check_provider_name,
 )
-from credgate.storage.models import Integration
+from credgate.storage.models import Integration, Project
 
 _headers: TypeAdapter[dict[str, str]] = TypeAdapter(HeaderMap)
 _query: TypeAdapter[dict[str, str]] = TypeAdapter(QueryMap)
@@ -50,11 +51,18 @@ def _auth_context(values: dict[str, str], hint: str | None = None) -> dict[str, 
 # Custom Configure
 
 
+def _custom_context(
+    current: Visit, project: Project, values: dict[str, str], errors: dict[str, str], *, verify: bool = False
+) -> dict[str, Any]:
+    """What custom.html needs: the form as typed, its problems, and the "check the key" box as it was."""
+    context = {"project": project, "errors": errors, "values": values, "verify": verify}
+    return context | {"can_verify": current.panel.verify_key is not None} | _auth_context(values)
+
+
 async def custom(request: Request) -> Response:
     current = await visit(request, changing=True)
     project = await projects.get_project(current.ctx, project_id=request.path_params["project_id"])
-    values = {"auth_method": "bearer"}
-    context = {"project": project, "errors": {}, "values": values} | _auth_context(values)
+    context = _custom_context(current, project, {"auth_method": "bearer"}, {})
     return await render(request, "custom.html", context, current=current)
 
 
@@ -64,6 +72,7 @@ async def custom_submit(request: Request) -> Response:
     project = await projects.get_project(current.ctx, project_id=request.path_params["project_id"])
     values = {name: field(form, name) for name in ("provider", "base_url")} | auth_form.values_from(form)
     values["private_networks"] = str(form.get("private_networks") or "")
+    verify = wants_verification(current, form)
     errors: dict[str, str] = {}
     try:
         check_provider_name(values["provider"])
@@ -78,9 +87,10 @@ async def custom_submit(request: Request) -> Response:
     api_key = str(form.get("api_key") or "")
     if not api_key.strip():
         errors["api_key"] = "Enter the API key."
+    created: Integration | None = None
     if not errors and auth is not None:
         try:
-            await integrations.add_custom_integration(
+            created = await integrations.add_custom_integration(
                 current.ctx,
                 project_id=project.id,
                 provider=values["provider"],
@@ -99,9 +109,12 @@ async def custom_submit(request: Request) -> Response:
             errors["api_key"] += f" {ENTER_KEY_AGAIN}" if api_key.strip() else ""
         elif api_key.strip():
             errors["api_key"] = f"Nothing was saved. {ENTER_KEY_AGAIN}"
-        context = {"project": project, "errors": errors, "values": values} | _auth_context(values)
+        context = _custom_context(current, project, values, errors, verify=verify)
         return await render(request, "custom.html", context, current=current, status=422)
-    await current.flash(f"{values['provider']} created. Now allow its endpoints.")
+    message = f"{values['provider']} created. Now allow its endpoints."
+    if verify and created is not None:
+        message += " " + await _check_saved_key(current, created)
+    await current.flash(message)
     return redirect(f"/admin/projects/{project.id}/integrations/{values['provider']}/endpoints")
 
 
@@ -120,6 +133,8 @@ async def _integration_page(
         context["rows"] = _rows([EndpointRow(row["method"], row["path"]) for row in integration.endpoints])
     if page == "integration.html":
         context["values"] = _settings_of(integration)
+    if page == "key.html":
+        context |= {"can_verify": current.panel.verify_key is not None, "verify": False}
     context |= extra or {}
     if page == "integration.html":
         context |= _auth_context(context["values"], integration.key.hint if integration.key else None)
@@ -312,8 +327,9 @@ async def key_submit(request: Request) -> Response:
     form = await form_of(request, current)
     project_id, provider = request.path_params["project_id"], request.path_params["provider"]
     mode = "rotate" if field(form, "mode") == "rotate" else "edit"
+    verify = wants_verification(current, form)
     try:
-        await integrations.set_provider_key(
+        saved = await integrations.set_provider_key(
             current.ctx,
             project_id=project_id,
             provider=provider,
@@ -324,11 +340,22 @@ async def key_submit(request: Request) -> Response:
         problems = service_errors(error)
         if "api_key" in problems:
             problems["api_key"] += f" {ENTER_KEY_AGAIN}"
-        extra = {"mode": mode, "errors": problems}
+        extra = {"mode": mode, "errors": problems, "verify": verify}
         return await _integration_page(request, current, "key.html", extra, status=422)
     done = "rotated: requests from now on use the new key" if mode == "rotate" else "saved"
-    await current.flash(f"Key of {provider} {done}.")
+    message = f"Key of {provider} {done}."
+    if verify:
+        message += " " + await _check_saved_key(current, saved)
+    await current.flash(message)
     return redirect(f"/admin/projects/{project_id}")
+
+
+async def _check_saved_key(current: Visit, integration: Integration) -> str:
+    """The check with the provider of the key just saved (the pool's first, which the forms set), as a sentence."""
+    key_id = integration.key.id if integration.key is not None else None
+    return await verification_after_save(
+        current, project_id=integration.project_id, provider=integration.provider, key_id=key_id
+    )
 
 
 async def _confirm(

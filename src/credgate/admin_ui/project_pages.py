@@ -1,10 +1,12 @@
-"""Projects: list and create, a project's page (token, API key table, settings), usage and the audit log."""
+"""Projects: list and create, a project's page (token, API key table, settings), usage, the audit log and its
+export (the owner's, as in the admin API)."""
 
+from collections.abc import AsyncIterator
 from datetime import timedelta
 
 from starlette.datastructures import FormData
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from credgate.admin_ui.base import field, field_error, form_of, redirect, render, visit
@@ -242,6 +244,25 @@ async def show_audit(request: Request) -> Response:
     return await render(request, "audit.html", {"events": events, "names": names}, current=current)
 
 
+async def export_audit(request: Request) -> Response:
+    """The whole audit log as `GET /api/v1/audit/export` streams it (the same service, the same bytes), as a
+    file to download and check with `credgate audit verify`; an owner's alone, as in the admin API."""
+    current = await visit(request)
+    current.principal.require_owner("exporting the audit log")
+    lines = audit.export_audit_log(current.ctx)
+    first = await anext(lines, None)  # the database answers before the first byte, or the error page does
+
+    async def body() -> AsyncIterator[str]:
+        if first is not None:
+            yield first
+            async for line in lines:
+                yield line
+
+    filename = f"credgate-audit-{current.ctx.clock().date().isoformat()}.jsonl"
+    disposition = {"Content-Disposition": f'attachment; filename="{filename}"'}
+    return StreamingResponse(body(), media_type="application/x-ndjson", headers=disposition)
+
+
 routes = [
     Route("/projects", list_projects, methods=["GET"]),
     Route("/projects", create_project, methods=["POST"]),
@@ -255,4 +276,5 @@ routes = [
     Route("/projects/{project_id}/delete", delete_project, methods=["POST"]),
     Route("/projects/{project_id}/usage", show_usage, methods=["GET"]),
     Route("/audit", show_audit, methods=["GET"]),
+    Route("/audit/export", export_audit, methods=["GET"]),
 ]

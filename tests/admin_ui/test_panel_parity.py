@@ -1,0 +1,124 @@
+"""What the admin API could do and the panel could not: the audit log's export (the owner's, like the API's, and
+the same bytes), and the check with the provider offered on the Edit/Rotate key and Custom Configure forms."""
+
+import re
+
+import httpx
+import pytest
+
+from credgate.audit_chain import verify_lines
+from credgate.services import admins, audit, panel_sessions
+from credgate.services.context import Context
+from tests.admin_ui import test_panel_leftovers
+from tests.admin_ui.conftest import KEY
+from tests.admin_ui.test_panel_leftovers import CHECKBOX, NEW_KEY, Panel, Provider
+from tests.admin_ui.test_security import PASSWORD, csrf_of
+from tests.secret_sweep import SWEEP
+
+OTHER_KEY = "sk-test-panel-parity-key-0000uvwx"
+SWEEP.register(OTHER_KEY)
+DOWNLOAD = "Download the whole audit log (JSON Lines)"
+UNTICKED = rf'<input type="checkbox" name="verify" value="1" > {CHECKBOX}</label>'
+TICKED = rf'<input type="checkbox" name="verify" value="1" checked> {CHECKBOX}</label>'
+panel = test_panel_leftovers.panel  # the panel with a stand-in provider (or none), signed in as the owner
+
+
+@pytest.fixture
+def backend() -> str:
+    """Pages and forms, not storage: SQLite only (the service and storage tests cover PostgreSQL)."""
+    return "sqlite"
+
+
+async def test_an_owner_downloads_the_chain_the_api_exports_and_the_cli_verifies(
+    client: httpx.AsyncClient, ctx: Context, project_id: str
+) -> None:
+    secret, _ = await panel_sessions.sign_in(ctx, username="admin", password=PASSWORD)
+    client.cookies.set("credgate_session", secret)  # the same app: the panel and the admin API side by side
+    page = (await client.get("/admin/audit")).text
+    assert re.search(rf'<a [^>]*href="/admin/audit/export"[^>]*>{re.escape(DOWNLOAD)}</a>', page)
+    downloaded = await client.get("/admin/audit/export")
+    assert downloaded.status_code == 200
+    assert downloaded.headers["content-type"] == "application/x-ndjson"
+    day = ctx.clock().date().isoformat()
+    assert downloaded.headers["content-disposition"] == f'attachment; filename="credgate-audit-{day}.jsonl"'
+    assert downloaded.content == (await client.get("/api/v1/audit/export")).content
+    chain = verify_lines(downloaded.content.splitlines(keepends=True))  # what `credgate audit verify FILE` runs
+    stored = await audit.verify_audit_log(ctx)
+    assert stored.verified
+    assert (chain.entries, chain.head) == (stored.entries, stored.head)
+    assert chain.entries >= 3  # the admin, the project, its integration
+    assert KEY not in downloaded.text
+
+
+async def test_only_an_owner_is_offered_the_export_and_served_it(panel: Panel, ctx: Context, project_id: str) -> None:
+    client = panel(None)
+    grants = {"viewer_of_p": ("viewer", [project_id]), "admin_of_p": ("project_admin", [project_id])}
+    grants["viewer_of_all"] = ("viewer", [])  # reads every project, yet the export is the owner's, as in the API
+    for name, (role, granted) in grants.items():
+        await admins.create_admin_user(
+            ctx, username=name, password=PASSWORD, actor="tests", role=role, project_ids=granted
+        )
+        secret, _ = await panel_sessions.sign_in(ctx, username=name, password=PASSWORD)
+        client.cookies = httpx.Cookies({"credgate_session": secret})
+        page = await client.get("/admin/audit")
+        assert page.status_code == 200, name
+        assert DOWNLOAD not in page.text, name
+        assert "/admin/audit/export" not in page.text, name
+        refused = await client.get("/admin/audit/export")
+        assert refused.status_code == 403, name
+        assert f"role ({role}) does not allow exporting the audit log" in refused.text
+        assert "previous_hash" not in refused.text
+        assert "content-disposition" not in refused.headers
+
+
+async def test_the_edit_and_rotate_form_checks_the_saved_key_only_when_asked(panel: Panel, project_id: str) -> None:
+    provider = Provider(status=200)
+    client = panel(provider)
+    url = f"/admin/projects/{project_id}/integrations/openai/key"
+    form = (await client.get(url, params={"mode": "rotate"})).text
+    assert re.search(UNTICKED, form), "offered, unticked"
+    data = {"csrf": csrf_of(form), "mode": "rotate", "api_key": NEW_KEY}
+    rotated = await client.post(url, data=data | {"verify": "1"}, follow_redirects=True)
+    assert provider.keys == [NEW_KEY], "the key just saved"
+    assert (
+        "Key of openai rotated: requests from now on use the new key. "
+        "Verification: the provider accepted the key (status 200)."
+    ) in rotated.text
+    edited = await client.post(url, data=data | {"mode": "edit", "api_key": OTHER_KEY}, follow_redirects=True)
+    assert "Key of openai saved.</p>" in edited.text
+    assert provider.keys == [NEW_KEY], "unticked: no call"
+    refused = await client.post(url, data=data | {"api_key": " ", "verify": "1"})
+    assert refused.status_code == 422
+    assert re.search(TICKED, refused.text), "the box comes back as it was"
+    assert provider.keys == [NEW_KEY]
+    without = (await panel(None).get(url)).text
+    assert CHECKBOX not in without
+    for shown in (form, rotated.text, edited.text, refused.text, without):
+        for key in (KEY, NEW_KEY, OTHER_KEY):
+            assert key not in shown
+
+
+async def test_custom_configure_checks_the_key_only_when_asked(panel: Panel, project_id: str) -> None:
+    provider = Provider(status=200)
+    client = panel(provider)
+    url = f"/admin/projects/{project_id}/custom"
+    form = (await client.get(url)).text
+    assert re.search(UNTICKED, form), "offered, unticked"
+    data = {"csrf": csrf_of(form), "base_url": "https://api.example.com/v1", "auth_method": "bearer"}
+    data["api_key"] = NEW_KEY
+    ticked = await client.post(url, data=data | {"provider": "checked", "verify": "1"}, follow_redirects=True)
+    # A hand-made integration has no template, so no verification call: the check says so, and saves anyway.
+    assert (
+        "checked created. Now allow its endpoints. Verification: no verification call is known for this integration."
+    ) in ticked.text
+    unticked = await client.post(url, data=data | {"provider": "unchecked"}, follow_redirects=True)
+    assert "unchecked created. Now allow its endpoints.</p>" in unticked.text
+    refused = await client.post(url, data=data | {"provider": "Not A Name", "verify": "1"})
+    assert refused.status_code == 422
+    assert re.search(TICKED, refused.text), "the box comes back as it was"
+    assert provider.keys == []  # nothing was called with a key
+    without = (await panel(None).get(url)).text
+    assert CHECKBOX not in without
+    for shown in (form, ticked.text, unticked.text, refused.text, without):
+        for key in (KEY, NEW_KEY):
+            assert key not in shown
