@@ -26,6 +26,13 @@ def service_error(response: httpx.Response, status: int) -> str:
     return message
 
 
+@pytest.fixture
+def backend() -> str:
+    """The envelope is made by the HTTP layer, whatever the database: one is enough (the routes' own tests, and
+    tests/storage, run on both)."""
+    return "sqlite"
+
+
 async def new_project(client: httpx.AsyncClient) -> str:
     response = await client.post("/api/v1/projects", json={"name": "demo"})
     assert response.status_code == 201
