@@ -1,6 +1,7 @@
 """Usage records: tokens read from JSON and SSE bodies, kept for the retention period, then pruned."""
 
 import gzip
+import json
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -62,6 +63,46 @@ async def test_flush_writes_and_prune_forgets_old_requests(ctx: Context) -> None
     await recorder.prune()
     kept = await usage.list_request_records(ctx, project_id=project.id)
     assert [(record.prompt_tokens, record.completion_tokens) for record in kept] == [(4, 1)]
+
+
+async def test_every_field_is_stored_as_recorded_whatever_its_characters(ctx: Context) -> None:
+    """On SQLite the batch travels as one JSON document (repository.insert_request_records): nothing of a value
+    may be lost or changed on the way, not a microsecond, a quote, a backslash, a large count nor a None."""
+    project, _ = await projects.create_project(ctx, name="p", actor="t")
+    recorder = UsageRecorder(ctx)
+    at = datetime(2026, 11, 27, 0, 9, 59, 123456, tzinfo=UTC)
+    odd = 'a"b\\c/é 日本 \u2028 \x7f'
+    model = 'gpt-"4o"\\é'
+    body = {"model": model, "usage": {"prompt_tokens": 4, "completion_tokens": 1}}
+    full = proxied(project.id, at, json.dumps(body).encode())
+    full.endpoint, full.subject, full.admitted, full.request_id = "v1/" + odd, odd, True, "req_full"
+    full.duration_ms, full.request_bytes, full.response_bytes = 12.345, 2**40, 2**41
+    bare = proxied(project.id, at + timedelta(microseconds=1), b"not json")
+    bare.request_id, bare.status = "req_bare", 499
+    many = [proxied(project.id, at - timedelta(seconds=index)) for index in range(1, 501)]
+    for each in [full, bare, *many]:
+        recorder.record(each)
+    await recorder.flush()
+    stored = await usage.list_request_records(ctx, project_id=project.id, limit=1000)
+    assert len(stored) == 502
+    newest, second = stored[0], stored[1]
+    assert (second.request_id, second.at, second.endpoint, second.subject, second.model) == (
+        "req_full",
+        at,
+        "v1/" + odd,
+        odd,
+        model,
+    )
+    assert (second.prompt_tokens, second.completion_tokens, second.admitted) == (4, 1, True)
+    assert (second.duration_ms, second.request_bytes, second.response_bytes) == (12.345, 2**40, 2**41)
+    assert (newest.request_id, newest.at, newest.status, newest.subject, newest.model) == (
+        "req_bare",
+        at + timedelta(microseconds=1),
+        499,
+        None,
+        None,
+    )
+    assert (newest.prompt_tokens, newest.completion_tokens, newest.admitted) == (None, None, False)
 
 
 async def test_a_full_backlog_drops_the_oldest_and_counts_them(ctx: Context) -> None:
