@@ -51,6 +51,10 @@ key_failovers = Counter(
     "Requests passed on to the next key of a pool, by provider and reason: refused (401, 403), cooling (429, 402).",
     ["provider", "reason"],
 )
+request_records_dropped = Counter(
+    "credgate_request_records_dropped",
+    "Request log records dropped, the oldest first, because the database fell too far behind.",
+)
 budget_refusals = Counter(
     "credgate_budget_refusals",
     "Requests refused (402) because a budget of their project was spent, by project.",

@@ -5,6 +5,7 @@ import json
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from prometheus_client import REGISTRY
 
 from credgate.services import projects, usage
 from credgate.services.context import Context
@@ -107,9 +108,12 @@ async def test_every_field_is_stored_as_recorded_whatever_its_characters(ctx: Co
 
 async def test_a_full_backlog_drops_the_oldest_and_counts_them(ctx: Context) -> None:
     recorder = UsageRecorder(ctx, max_pending=2)
-    for _ in range(3):
-        recorder.record(proxied("prj_x", datetime.now(UTC)))
+    before = REGISTRY.get_sample_value("credgate_request_records_dropped_total") or 0
+    for index in range(3):
+        recorder.record(proxied("prj_x", datetime.now(UTC), body=str(index).encode()))
     assert recorder.dropped == 1
+    assert REGISTRY.get_sample_value("credgate_request_records_dropped_total") == before + 1  # operators see it
+    assert [request.head for request in recorder._pending] == [[b"1"], [b"2"]]  # the oldest went first
 
 
 def test_tokens_are_read_from_a_gzip_compressed_body() -> None:

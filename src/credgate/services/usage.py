@@ -259,6 +259,7 @@ class UsageRecorder:
     def record(self, request: ProxiedRequest) -> None:
         if len(self._pending) == self._pending.maxlen:
             self.dropped += 1
+            metrics.request_records_dropped.inc()
         self._pending.append(request)
 
     async def run(self) -> None:
