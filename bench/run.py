@@ -87,7 +87,10 @@ def wrk(url: str, script: Path, connections: int, duration: int) -> dict[str, fl
     rps = re.search(r"Requests/sec:\s+([\d.]+)", output)
     if rps is None:
         raise RuntimeError(f"no Requests/sec in wrk output:\n{output}")
-    return {"rps": float(rps.group(1)), "p50": millis("50%"), "p99": millis("99%")}
+    completed = re.search(r"(\d+) requests in", output)
+    if completed is None:
+        raise RuntimeError(f"no request count in wrk output:\n{output}")
+    return {"rps": float(rps.group(1)), "p50": millis("50%"), "p99": millis("99%"), "requests": int(completed.group(1))}
 
 
 def first_byte_ms(host_port: tuple[str, int], path: str, token: str, samples: int) -> float:

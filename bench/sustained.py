@@ -11,7 +11,6 @@ pending records in memory (the RSS climbs) and, 20,000 behind, drops the oldest
 
 import argparse
 import json
-import re
 import subprocess
 import sys
 import tempfile
@@ -31,7 +30,7 @@ from harness import (
     store_section,
     wait_for_port,
 )
-from run import LUA
+from run import LUA, wrk
 
 CHAT = "/proxy/openai/chat/completions"
 
@@ -66,24 +65,9 @@ def main() -> None:
         wait_for_port(port)
         started = rss_mb(gateway.pid)
         for run in range(1, options.runs + 1):
-            output = subprocess.run(
-                [
-                    "wrk",
-                    "-t1",
-                    f"-c{options.connections}",
-                    f"-d{options.duration}s",
-                    "-s",
-                    str(script),
-                    f"http://127.0.0.1:{port}{CHAT}",
-                ],
-                capture_output=True,
-                text=True,
-                check=True,
-            ).stdout
-            found = re.search(r"(\d+) requests in", output)
-            if found is None:
-                sys.exit(f"wrk said nothing of its requests:\n{output}")
-            completed = int(found.group(1))
+            completed = int(
+                wrk(f"http://127.0.0.1:{port}{CHAT}", script, options.connections, options.duration)["requests"]
+            )
             sent += completed
             rows.append((run, sent, completed / options.duration, rss_mb(gateway.pid)))
         time.sleep(3)  # the last records reach the log

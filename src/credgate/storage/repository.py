@@ -277,10 +277,10 @@ class Repository:
     async def insert_request_records(self, rows: Sequence[Mapping[str, object]]) -> None:
         """The rows in one statement: no ORM objects, nor the ORM's bulk path, on the proxy's event loop.
 
-        PostgreSQL: one executemany of a Core INSERT. SQLite: the rows as one JSON parameter, unpacked by
+        PostgreSQL: a Core INSERT, executed many. SQLite: the rows as one JSON parameter, unpacked by
         `json_each` inside the one statement. SQLite's own executemany steps row by row, handing the GIL back and
         forth with the event loop for each; under load that made 5,000 rows take 2.5 s instead of 30 ms, and the
-        pending records piled up (bench/RESULTS.md, memory)."""
+        pending records piled up (bench/sustained.py)."""
         dialect = self._session.get_bind().dialect
         if dialect.name != "sqlite":
             await self._session.execute(insert(_REQUEST_RECORDS), list(rows))
