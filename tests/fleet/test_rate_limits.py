@@ -2,6 +2,7 @@
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -37,9 +38,12 @@ def limiters(fleets: list[Fleet]) -> list[SharedRateLimiter]:
 
 async def test_a_burst_admits_exactly_the_limit_and_then_asks_to_wait_one_interval(fleets: list[Fleet]) -> None:
     limiter = limiters(fleets)[0]
+    started = time.monotonic()
     waits = [await limiter.check("p1", 30) for _ in range(31)]
+    elapsed = time.monotonic() - started
     assert waits[:30] == [0.0] * 30
-    assert 1.9 < waits[30] <= 2.0  # a request every 60/30 s
+    # A request every 60/30 s, less what refilled while the burst was asked (a loaded machine takes longer).
+    assert 2.0 - elapsed - 0.05 < waits[30] <= 2.0
 
 
 async def test_three_processes_share_one_count_even_when_they_ask_at_once(fleets: list[Fleet]) -> None:
