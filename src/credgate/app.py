@@ -1,29 +1,30 @@
 """create_app(): the one place where the gateway is assembled: control app, proxy, lifespan, errors.
 
-`/proxy/…` goes to the data plane without passing through the control app's routing and middleware;
-everything else (admin API, panel, health) goes to the FastAPI control app. With an admin listener configured,
-the main listener serves only the proxy and health, and the admin listener everything but the proxy.
+`/proxy/…` goes to the data plane without passing through the control app's routing and middleware; the health
+checks and the lifespan are the Gateway's own; everything else (admin API, panel) goes to the FastAPI control
+app, built at its first request: a worker that serves only the proxy never loads FastAPI, the admin API or the
+panel. With an admin listener configured, the main listener serves only the proxy and health, and the admin
+listener everything but the proxy.
 """
 
 import asyncio
-import contextlib
+import functools
 import os
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import aiohttp
-from fastapi import FastAPI
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Router
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from credgate import __version__
-from credgate.admin_api import metrics_router, open_metrics_router
-from credgate.admin_api import router as admin_api_router
 from credgate.config import Settings
-from credgate.error_responses import error_response, install_error_handlers
+from credgate.error_responses import error_response
+from credgate.errors import ServiceError
 from credgate.log_format import AccessLog
 from credgate.log_format import request_id as current_request_id
 from credgate.proxy import ProxyApp
@@ -33,27 +34,38 @@ from credgate.services.bootstrap import open_context
 from credgate.services.context import Context
 from credgate.services.usage import ProxiedRequest
 
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
 REQUEST_ID_HEADER = b"x-request-id"
 CREDGATE_REQUEST_ID_HEADER = b"x-credgate-request-id"
 _READY_TIMEOUT_SECONDS = 2.0
 _HEALTH_PATHS = frozenset({b"/healthz", b"/readyz"})
 _NOT_FOUND = error_response(404, "not found")
+App = TypeVar("App", bound=ASGIApp)
 
 
 class Gateway:
-    """The ASGI entry point: gives every HTTP request an id, logs it, and routes it to its plane."""
+    """The ASGI entry point: gives every HTTP request an id, logs it, and routes it to its plane. It runs the
+    lifespan and answers the health checks itself; the control app is built at the first request for it."""
 
-    def __init__(self, control: FastAPI, runtime: Runtime) -> None:
-        self.control = control
+    def __init__(self, runtime: Runtime, build_control: Callable[[], "FastAPI"]) -> None:
         self.runtime = runtime
+        self._control = BuiltOnFirstUse(build_control)
         # X-Forwarded-For from a trusted front proxy names the client for the panel's sign-in throttle (uvicorn's
         # own reading of it, on the same setting); the proxy plane has no use for the address and skips it.
         trusted = os.environ.get("FORWARDED_ALLOW_IPS", "127.0.0.1,::1")
-        self._control_plane: ASGIApp = ProxyHeadersMiddleware(control, trusted_hosts=trusted)  # type: ignore[arg-type,assignment]
+        self._control_plane: ASGIApp = ProxyHeadersMiddleware(self._control, trusted_hosts=trusted)  # type: ignore[arg-type,assignment]
+        self._lifespan = Router(lifespan=lambda _app: runtime.running())
         self._json_logs = runtime.settings.log_format == "json"
         self._access_log = AccessLog()
         admin_listener = runtime.settings.admin_listener
         self._admin_port = None if admin_listener is None else admin_listener[1]
+
+    @property
+    def control(self) -> "FastAPI":
+        """The control app (admin API, /metrics, panel), built now if no request has needed it yet."""
+        return self._control.app
 
     @property
     def proxy(self) -> ProxyApp | None:
@@ -61,7 +73,7 @@ class Gateway:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
-            await self._control_plane(scope, receive, send)
+            await (self._lifespan if scope["type"] == "lifespan" else self._control_plane)(scope, receive, send)
             return
         request_id = secrets.token_hex(8)
         state = scope.setdefault("state", {})
@@ -100,6 +112,8 @@ class Gateway:
         proxy = self.runtime.proxy
         if raw_path == MINTING_PATH and proxy is not None and not self._on_admin_listener(scope):
             return proxy.minter  # where the proxy is: an app's backend calls it beside its proxied calls
+        if raw_path in _HEALTH_PATHS:
+            return self._health  # on every listener
         proxied = raw_path.startswith(b"/proxy/")
         if self._admin_port is None:
             return proxy if proxied and proxy is not None else self._control_plane
@@ -107,7 +121,34 @@ class Gateway:
             return _NOT_FOUND if proxied else self._control_plane
         if proxied:
             return proxy if proxy is not None else self._control_plane
-        return self._control_plane if raw_path in _HEALTH_PATHS else _NOT_FOUND
+        return _NOT_FOUND
+
+    async def _health(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """/healthz: the process answers; /readyz: and its database does too (503 otherwise)."""
+        if scope["method"] not in ("GET", "HEAD"):
+            response = error_response(405, "method not allowed")
+        elif scope["path"] == "/healthz":
+            response = JSONResponse({"status": "ok"})
+        else:
+            response = await self._readiness()
+        await response(scope, receive, send)
+
+    async def _readiness(self) -> Response:
+        try:
+            ctx = self.runtime.context
+        except ServiceError as error:  # not started yet, or stopping
+            return error_response(error.status, error.message)
+        # Waited for without cancelling it on the spot: cancelling a query on a hung connection would wait on
+        # that connection again (to roll back), and /readyz would hang with it.
+        ping = asyncio.ensure_future(ctx.database.ping())
+        done, _ = await asyncio.wait({ping}, timeout=_READY_TIMEOUT_SECONDS)
+        if not done:
+            ping.cancel()
+            ping.add_done_callback(lambda finished: finished.cancelled() or finished.exception())
+            return error_response(503, "storage unavailable")
+        if ping.exception() is not None:
+            return error_response(503, "storage unavailable")
+        return JSONResponse({"status": "ready"})
 
     def _on_admin_listener(self, scope: Scope) -> bool:
         # Which listener took the connection: its own address, as the server reports it (never a client's header).
@@ -128,17 +169,21 @@ def _access_fields(method: str, path: str, status: int, duration_ms: float, stat
     return fields
 
 
-class BuiltOnFirstUse:
+class BuiltOnFirstUse(Generic[App]):
     """An ASGI app built when its first request comes."""
 
-    def __init__(self, build: Callable[[], ASGIApp]) -> None:
+    def __init__(self, build: Callable[[], App]) -> None:
         self._build = build
-        self._app: ASGIApp | None = None
+        self._app: App | None = None
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+    @property
+    def app(self) -> App:
         if self._app is None:
             self._app = self._build()
-        await self._app(scope, receive, send)
+        return self._app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.app(scope, receive, send)
 
 
 def _panel(runtime: Runtime) -> ASGIApp:
@@ -150,17 +195,14 @@ def _panel(runtime: Runtime) -> ASGIApp:
     return create_panel(lambda: runtime.context, runtime.verify_key, SingleSignOn.of(runtime.settings))
 
 
-def create_app(
-    settings: Settings, *, context: Context | None = None, http_session: aiohttp.ClientSession | None = None
-) -> Gateway:
-    """Build the gateway over one Runtime. Given `context` or `http_session`, they are used as they are (tests);
-    otherwise they are opened at start and closed at shutdown. The proxy exists once the lifespan has started."""
-    runtime = Runtime(settings, open_context, context=context, http_session=http_session)
+def _control_app(runtime: Runtime) -> "FastAPI":
+    """The admin API, /metrics and the panel. Imported at its first request: FastAPI and the admin API's routes
+    and schemas cost a worker about 10 MB and its start about 0.5 s, which a worker serving only the proxy saves."""
+    from fastapi import FastAPI
 
-    @contextlib.asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        async with runtime.running():
-            yield
+    from credgate.admin_api.routes import metrics_router, open_metrics_router
+    from credgate.admin_api.routes import router as admin_api_router
+    from credgate.error_responses import install_error_handlers
 
     control = FastAPI(
         title="credgate admin API",
@@ -168,32 +210,20 @@ def create_app(
         openapi_url="/api/v1/openapi.json",
         docs_url=None,
         redoc_url=None,
-        lifespan=lifespan,
     )
     control.state.runtime = runtime  # the admin API's, read through admin_api.routes.runtime_of
     install_error_handlers(control)
     control.include_router(admin_api_router)
     # On an admin listener of its own, /metrics is open as Prometheus expects; on the one listener, it is admin-only.
-    control.include_router(open_metrics_router if settings.admin_listener else metrics_router)
+    control.include_router(open_metrics_router if runtime.settings.admin_listener else metrics_router)
     control.mount("/admin", BuiltOnFirstUse(lambda: _panel(runtime)))
+    return control
 
-    @control.get("/healthz", include_in_schema=False)
-    async def healthz() -> dict[str, str]:
-        return {"status": "ok"}
 
-    @control.get("/readyz", include_in_schema=False)
-    async def readyz() -> Any:
-        ctx = runtime.context
-        # Waited for without cancelling it on the spot: cancelling a query on a hung connection would wait on
-        # that connection again (to roll back), and /readyz would hang with it.
-        ping = asyncio.ensure_future(ctx.database.ping())
-        done, _ = await asyncio.wait({ping}, timeout=_READY_TIMEOUT_SECONDS)
-        if not done:
-            ping.cancel()
-            ping.add_done_callback(lambda finished: finished.cancelled() or finished.exception())
-            return error_response(503, "storage unavailable")
-        if ping.exception() is not None:
-            return error_response(503, "storage unavailable")
-        return JSONResponse({"status": "ready"})
-
-    return Gateway(control, runtime)
+def create_app(
+    settings: Settings, *, context: Context | None = None, http_session: aiohttp.ClientSession | None = None
+) -> Gateway:
+    """Build the gateway over one Runtime. Given `context` or `http_session`, they are used as they are (tests);
+    otherwise they are opened at start and closed at shutdown. The proxy exists once the lifespan has started."""
+    runtime = Runtime(settings, open_context, context=context, http_session=http_session)
+    return Gateway(runtime, functools.partial(_control_app, runtime))

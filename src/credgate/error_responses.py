@@ -8,16 +8,18 @@ import json
 import logging
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException
+from starlette.requests import Request
 from starlette.responses import Response
 
 from credgate.errors import ServiceError
 from credgate.storage import StorageUnavailable
+
+if TYPE_CHECKING:  # FastAPI is loaded with the control app, which the proxy and the CLI's commands do without
+    from fastapi import FastAPI
 
 logger = logging.getLogger(__name__)
 ERROR_HEADER = "x-credgate-error"
@@ -82,7 +84,9 @@ def request_id_of(request: Request) -> str:
     return str(request.scope.get("state", {}).get("request_id", "unknown"))
 
 
-def install_error_handlers(app: FastAPI) -> None:
+def install_error_handlers(app: "FastAPI") -> None:
+    from fastapi.exceptions import RequestValidationError
+
     @app.exception_handler(ServiceError)
     async def _service_error(_request: Request, error: ServiceError) -> Response:
         return error_response(error.status, error.message, error.headers)

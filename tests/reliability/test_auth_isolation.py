@@ -25,7 +25,7 @@ import pytest
 from argon2 import PasswordHasher
 from sqlalchemy import event, text
 
-from credgate.admin_api import router as admin_api_router
+from credgate.admin_api.routes import router as admin_api_router
 from credgate.admin_ui import integration_pages, project_pages
 from credgate.crypto import hash_token
 from credgate.services import admins, integrations, panel_sessions, projects

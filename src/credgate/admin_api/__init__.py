@@ -1,5 +1,4 @@
-"""The JSON admin API at /api/v1 (README, Admin API): schemas in, services, schemas out."""
+"""The JSON admin API at /api/v1 (README, Admin API): schemas in, services, schemas out.
 
-from credgate.admin_api.routes import metrics_router, open_metrics_router, router
-
-__all__ = ["metrics_router", "open_metrics_router", "router"]
+The routes (FastAPI) are in `routes`, imported by the control app when it is built; the schemas serve the CLI too.
+"""
