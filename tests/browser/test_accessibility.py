@@ -17,6 +17,8 @@ from tests.browser.conftest import PASSWORD, screenshot, seen, sign_in
 from tests.e2e.conftest import RunningGateway, start_gateway, stop_gateway
 from tests.secret_sweep import SWEEP
 
+# One pytest-xdist worker runs this module, so its module-scoped gateway starts once per run.
+pytestmark = pytest.mark.xdist_group("accessibility")
 AXE = Path(__file__).parent / "node_modules" / "axe-core" / "axe.min.js"
 KEY = "sk-test-panel-a11y-first-key-0000uvwx"
 REVIEW_KEY = "sk-ant-test-panel-a11y-review-000yz"

@@ -12,6 +12,8 @@ from tests.browser.conftest import PASSWORD, seen, sign_in
 from tests.e2e.conftest import RunningGateway, start_gateway, stop_gateway
 from tests.secret_sweep import SWEEP
 
+# One pytest-xdist worker runs this module, so its module-scoped gateway starts once per run.
+pytestmark = pytest.mark.xdist_group("browser_frictions")
 KEY = "sk-ant-test-browser-back-key-00001234"
 CUSTOM_KEY = "custom-browser-preview-key-0000wxyz"
 for _key in (KEY, CUSTOM_KEY):

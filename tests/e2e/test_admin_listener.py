@@ -15,6 +15,8 @@ from tests.e2e.conftest import Project, RunningGateway, add_custom, free_port, s
 from tests.secret_sweep import SWEEP
 from tests.upstream import Upstream
 
+# One pytest-xdist worker runs this module, so its module-scoped gateway starts once per run.
+pytestmark = pytest.mark.xdist_group("admin_listener")
 ADMIN_ONLY_PATHS = ["/api/v1/projects", "/api/v1/openapi.json", "/admin/login", "/admin", "/metrics"]
 
 

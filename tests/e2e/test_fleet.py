@@ -41,6 +41,8 @@ from tests.redis_server import REQUIRE_REDIS, PrivateRedis
 from tests.secret_sweep import SWEEP
 from tests.upstream import FaultRelay, Upstream, run_fault_relay
 
+# One pytest-xdist worker runs this module, so the fleet below starts once per run, not once per worker.
+pytestmark = pytest.mark.xdist_group("fleet")
 INSTANCES = 3
 WORKERS = 2
 POLL_SECONDS = 1.0
@@ -160,19 +162,30 @@ class Instance:
         raise AssertionError("no access line for the response")
 
     async def warm(self, client: httpx.AsyncClient, path: str) -> None:
-        """Requests on new connections until every worker of this instance has served (and cached) the token."""
+        """Requests on new connections until every worker of this instance has served (and cached) the token.
+        The workers share one listening socket and the first to accept takes a connection: on a loaded machine
+        one may take many in a row, so the requests go on (spaced) for up to 30 s."""
         served = set()
-        for _ in range(100):
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
             response = await client.get(f"{self.url}{path}")
             assert response.status_code == 200
             served.add(await self.served_by(response))
             if len(served) == WORKERS:
                 return
-        raise AssertionError(f"100 requests reached only workers {served}")
+            await asyncio.sleep(0.02)
+        raise AssertionError(f"30 s of requests reached only workers {served}")
 
     def terminate(self) -> int:
+        self.signal_stop()
+        return self.wait_stopped()
+
+    def signal_stop(self) -> None:
         assert self.process is not None
         self.process.send_signal(signal.SIGTERM)
+
+    def wait_stopped(self) -> int:
+        assert self.process is not None
         try:
             return self.process.wait(timeout=60)
         finally:
@@ -285,9 +298,11 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         finally:
             nginx.terminate()
             nginx.wait(10)
-            for instance in instances:
-                if instance.process is not None:
-                    instance.terminate()
+            running_instances = [instance for instance in instances if instance.process is not None]
+            for instance in running_instances:  # all told at once, so that their drains overlap
+                instance.signal_stop()
+            for instance in running_instances:
+                instance.wait_stopped()
             SWEEP.capture("fleet logs", running.logs())
             redis.stop()
             relay.close()

@@ -25,6 +25,8 @@ from tests.e2e.conftest import Project, RunningGateway, add_custom, start_gatewa
 from tests.secret_sweep import SWEEP
 from tests.upstream import Upstream
 
+# One pytest-xdist worker runs this module, so its module-scoped gateway starts once per run.
+pytestmark = pytest.mark.xdist_group("workers")
 WORKERS = 2
 POLL_SECONDS = 0.2
 STARTUP_SECONDS = 60  # a worker imports the whole gateway: slow on a loaded machine

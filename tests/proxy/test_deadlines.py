@@ -59,14 +59,18 @@ async def test_expiry_and_an_outside_cancellation_together_stay_a_cancellation()
 
 async def test_many_waits_with_different_limits_expire_each_at_its_own() -> None:
     deadlines = Deadlines(tick=0.01)
-    expired: list[float] = []
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    expired: dict[float, float] = {}
 
     async def waiting(limit: float) -> None:
         try:
             with deadlines.within(limit):
                 await asyncio.sleep(1)
         except TimeoutError:
-            expired.append(limit)
+            expired[limit] = loop.time() - started
 
     await asyncio.gather(*(waiting(limit) for limit in (0.08, 0.02, 0.05, 2.0)), return_exceptions=True)
-    assert expired == [0.02, 0.05, 0.08]
+    # Never before its own limit (a loaded machine may sweep late, never early); the long wait never cut short.
+    assert sorted(expired) == [0.02, 0.05, 0.08]
+    assert all(after >= limit for limit, after in expired.items()), expired
