@@ -21,13 +21,7 @@ from types import EllipsisType
 from typing import Any, BinaryIO, TypeVar
 
 import click
-import uvicorn
 from pydantic import BaseModel, TypeAdapter, ValidationError
-
-try:
-    import uvloop
-except ImportError:  # an optional speed-up, absent on Windows
-    uvloop = None  # type: ignore[assignment]
 
 from credgate.admin_api.schemas import (
     AuditEventOut,
@@ -46,7 +40,6 @@ from credgate.admin_api.schemas import (
     WebhookOut,
     WebhookSecretOut,
 )
-from credgate.app import create_app
 from credgate.audit_chain import GENESIS, ChainBroken, verify_lines
 from credgate.catalog import Template
 from credgate.config import MAX_WORKERS, Settings
@@ -69,8 +62,6 @@ from credgate.limits import (
     parse_int,
 )
 from credgate.roles import ROLES, Role
-from credgate.runtime import Runtime
-from credgate.server import bind_listeners, configure_logging, exit_zero_on_sigterm, run_workers, server_config
 from credgate.services import (
     admins,
     audit,
@@ -90,7 +81,6 @@ from credgate.services.verification import Verification
 from credgate.specs import AuthSpec, Endpoint, IdentityProviderSpec
 from credgate.spending import METRICS, PERIODS
 from credgate.storage.models import Integration
-from credgate.tracing import tracing_requested
 
 T = TypeVar("T")
 EXIT_CODES: dict[type[Exception], int] = {InvalidInput: 2, NotFound: 3, Conflict: 4, StartupError: 5}
@@ -188,6 +178,14 @@ def main(click_ctx: click.Context) -> None:
 @pass_settings
 def serve(settings: Settings, host: str | None, port: int | None, workers: int | None) -> None:
     """Run the gateway: proxy, admin API and panel, in one process or in --workers processes."""
+    # The server's parts (uvicorn, the proxy, its HTTP client) are loaded for this command only: every other
+    # command, a script's or a test's, starts without them.
+    import uvicorn
+
+    from credgate.app import create_app
+    from credgate.server import bind_listeners, configure_logging, exit_zero_on_sigterm, run_workers, server_config
+    from credgate.tracing import tracing_requested
+
     settings = settings.model_copy(
         update={"host": host or settings.host, "port": port or settings.port, "workers": workers or settings.workers}
     )
@@ -261,7 +259,9 @@ async def _open_and_announce(settings: Settings) -> Context:
 
 
 def _run_loop(coroutine: Coroutine[Any, Any, None]) -> None:
-    if uvloop is None:
+    try:
+        import uvloop
+    except ImportError:  # an optional speed-up, absent on Windows
         asyncio.run(coroutine)
     else:
         uvloop.run(coroutine)
@@ -863,6 +863,8 @@ def keys_update(
 def keys_verify(settings: Settings, project_id: str, provider: str, key_id: str) -> None:
     """Ask the provider, with the template's cheap call, whether it accepts a key of the pool (whatever its state:
     a new key can be checked before it is moved first)."""
+
+    from credgate.runtime import Runtime  # the proxy, loaded for this command only
 
     async def work(ctx: Context) -> Verification:
         runtime = Runtime(settings, open_context, context=ctx)  # the proxy's own guarded, bounded call
