@@ -130,12 +130,6 @@ def anonymous(client: httpx.AsyncClient) -> Iterator[httpx.AsyncClient]:
     client.headers["Authorization"] = token
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The grouped modules first (xdist_group: one worker runs each, with its module-scoped servers started once):
-    they are the longest units of work, and the single tests then fill in around them on the other workers."""
-    items.sort(key=lambda item: item.get_closest_marker("xdist_group") is None)
-
-
 def pytest_sessionstart(session: pytest.Session) -> None:
     root = logging.getLogger()
     root.addHandler(SweepHandler(SWEEP))
