@@ -13,7 +13,7 @@ import signal
 from typing import Any
 from unittest import mock
 
-from credgate import cli
+from credgate import app, cli
 from credgate.app import Gateway, create_app
 from harness import PROBE_PREFIX
 
@@ -30,5 +30,6 @@ def report(gateway: Gateway) -> None:
 
 
 if __name__ == "__main__":
-    with mock.patch.object(cli, "create_app", create_probed_app):
+    # `serve` imports create_app when it runs: patched where it is defined.
+    with mock.patch.object(app, "create_app", create_probed_app):
         cli.main(prog_name="credgate")
