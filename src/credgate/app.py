@@ -9,6 +9,7 @@ listener everything but the proxy.
 
 import asyncio
 import functools
+import logging
 import os
 import secrets
 import time
@@ -37,6 +38,7 @@ from credgate.services.usage import ProxiedRequest
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
+logger = logging.getLogger(__name__)
 REQUEST_ID_HEADER = b"x-request-id"
 CREDGATE_REQUEST_ID_HEADER = b"x-credgate-request-id"
 _READY_TIMEOUT_SECONDS = 2.0
@@ -72,8 +74,11 @@ class Gateway:
         return self.runtime.proxy
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await (self._lifespan if scope["type"] == "lifespan" else self._control_plane)(scope, receive, send)
+        if scope["type"] == "lifespan":
+            await self._lifespan(scope, receive, send)
+            return
+        if scope["type"] != "http":  # a WebSocket: nothing here takes one, so it is refused before any app is built
+            await send({"type": "websocket.close", "code": 1000})
             return
         request_id = secrets.token_hex(8)
         state = scope.setdefault("state", {})
@@ -101,6 +106,12 @@ class Gateway:
         app = self._plane(scope, raw_path)
         try:
             await app(scope, receive, send_with_id)
+        except Exception:
+            if status:
+                raise  # the response has started: it can only be cut off (uvicorn closes the connection)
+            # Each plane answers its own errors; this is a failure outside them (building the control app, say).
+            logger.exception("unexpected failure of request %s", request_id)
+            await error_response(500, f"internal error (request id {request_id})")(scope, receive, send_with_id)
         finally:
             # The path only: a query string may carry values that are not ours to log.
             path, duration_ms = raw_path.decode("latin-1"), (time.perf_counter() - started) * 1000
@@ -126,7 +137,7 @@ class Gateway:
     async def _health(self, scope: Scope, receive: Receive, send: Send) -> None:
         """/healthz: the process answers; /readyz: and its database does too (503 otherwise)."""
         if scope["method"] not in ("GET", "HEAD"):
-            response = error_response(405, "method not allowed")
+            response = error_response(405, "method not allowed", {"Allow": "GET, HEAD"})
         elif scope["path"] == "/healthz":
             response = JSONResponse({"status": "ok"})
         else:
@@ -137,7 +148,7 @@ class Gateway:
         try:
             ctx = self.runtime.context
         except ServiceError as error:  # not started yet, or stopping
-            return error_response(error.status, error.message)
+            return error_response(error.status, error.message, error.headers)
         # Waited for without cancelling it on the spot: cancelling a query on a hung connection would wait on
         # that connection again (to roll back), and /readyz would hang with it.
         ping = asyncio.ensure_future(ctx.database.ping())

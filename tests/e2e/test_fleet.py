@@ -301,11 +301,13 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
             running_instances = [instance for instance in instances if instance.process is not None]
             for instance in running_instances:  # all told at once, so that their drains overlap
                 instance.signal_stop()
-            for instance in running_instances:
-                instance.wait_stopped()
-            SWEEP.capture("fleet logs", running.logs())
-            redis.stop()
-            relay.close()
+            try:
+                for instance in running_instances:
+                    instance.wait_stopped()
+            finally:
+                SWEEP.capture("fleet logs", running.logs())
+                redis.stop()
+                relay.close()
 
 
 async def add_project(

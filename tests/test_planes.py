@@ -1,0 +1,104 @@
+"""The Gateway's own answers (health checks, WebSockets) and what a worker loads: the admin API and FastAPI only at
+the first request for them, never for the proxy and the health checks."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from starlette.types import Message, Scope
+
+from credgate.app import Gateway, create_app
+from credgate.config import Settings
+from credgate.runtime import Runtime
+from credgate.services.bootstrap import open_context
+from credgate.services.context import Context
+
+
+@pytest.fixture
+def backend() -> str:
+    """Routing decided before any query: one database is enough."""
+    return "sqlite"
+
+
+async def test_health_checks_answer_get_and_head_and_refuse_other_methods_in_the_envelope(
+    anonymous: httpx.AsyncClient,
+) -> None:
+    assert (await anonymous.get("/healthz")).json() == {"status": "ok"}
+    assert (await anonymous.head("/healthz")).status_code == 200
+    ready = await anonymous.get("/readyz")
+    assert (ready.status_code, ready.json()) == (200, {"status": "ready"})
+    refused = await anonymous.post("/readyz")
+    assert refused.status_code == 405
+    assert refused.json() == {"error": {"status": 405, "message": "method not allowed"}}
+    assert refused.headers["x-credgate-error"] == "true"
+    assert refused.headers["allow"] == "GET, HEAD"
+    assert refused.headers["x-credgate-request-id"]
+
+
+async def test_a_websocket_is_refused(settings: Settings, ctx: Context) -> None:
+    sent: list[Message] = []
+
+    async def receive() -> Message:
+        return {"type": "websocket.connect"}
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    scope: Scope = {"type": "websocket", "path": "/admin/x", "raw_path": b"/admin/x", "headers": [], "server": None}
+    await create_app(settings, context=ctx)(scope, receive, send)
+    assert sent == [{"type": "websocket.close", "code": 1000}]
+
+
+async def test_a_control_app_that_cannot_be_built_answers_500_in_the_envelope_and_is_logged(
+    settings: Settings, ctx: Context, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken() -> Any:
+        raise ImportError("a broken installation")
+
+    gateway = Gateway(Runtime(settings, open_context, context=ctx), broken)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=gateway), base_url="http://credgate.test") as client:
+        response = await client.get("/api/v1/projects")
+        health = await client.get("/healthz")
+    request_id = response.headers["x-credgate-request-id"]
+    assert response.status_code == 500
+    assert response.json() == {"error": {"status": 500, "message": f"internal error (request id {request_id})"}}
+    assert response.headers["x-credgate-error"] == "true"
+    assert health.status_code == 200  # the proxy and the health checks do without the control app
+    assert f"unexpected failure of request {request_id}" in caplog.text
+
+
+_WORKER = """
+import asyncio, json, sys
+import httpx
+from credgate.app import create_app
+from credgate.config import Settings
+
+async def main() -> None:
+    app = create_app(Settings(data_dir=sys.argv[1], database_url="sqlite+aiosqlite:///" + sys.argv[1] + "/db"))
+    loaded = {}
+    async with app.runtime.running():
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://credgate.test") as client:
+            statuses = [(await client.get("/healthz")).status_code, (await client.get("/readyz")).status_code]
+            statuses.append((await client.post("/proxy/openai/chat/completions", json={})).status_code)
+            loaded["proxy"] = sorted({"fastapi", "credgate.admin_api.routes"} & set(sys.modules))
+            statuses.append((await client.get("/api/v1/projects")).status_code)
+            loaded["admin"] = sorted({"fastapi", "credgate.admin_api.routes"} & set(sys.modules))
+    print(json.dumps({"statuses": statuses, "loaded": loaded}))
+
+asyncio.run(main())
+"""
+
+
+def test_a_worker_serving_only_the_proxy_and_health_never_loads_fastapi_nor_the_admin_api(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", _WORKER, str(tmp_path)], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout.splitlines()[-1])
+    assert report["statuses"] == [200, 200, 401, 401]  # the last: the admin API, asked without a token
+    assert report["loaded"] == {"proxy": [], "admin": ["credgate.admin_api.routes", "fastapi"]}
