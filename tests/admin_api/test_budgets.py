@@ -7,6 +7,7 @@ import httpx
 import pytest
 
 from tests.admin_api.test_integrations import custom, message_of, new_project, url
+from tests.conftest import ONE_DATABASE
 
 
 def budgets_url(project_id: str, budget_id: str = "") -> str:
@@ -47,6 +48,7 @@ async def test_a_budget_is_added_shown_with_its_period_changed_and_removed(clien
     assert [event["action"] for event in audited][:3] == ["budget.remove", "budget.update", "budget.add"]
 
 
+@ONE_DATABASE
 @pytest.mark.parametrize(
     ("body", "status", "field"),
     [

@@ -9,6 +9,7 @@ from credgate.crypto import Secret
 from credgate.resolved import ResolvedIntegration
 from credgate.services.access import resolve_access
 from credgate.services.context import Context
+from tests.conftest import ONE_DATABASE
 
 KEY = "sk-test-" + "abcdefghijklmnopqrst" + "uvwx"
 OTHER_KEY = "sk-test-" + "zyxwvutsrqponmlkjihg" + "9876"
@@ -158,6 +159,7 @@ async def test_custom_integration(client: httpx.AsyncClient, auth: dict[str, str
     assert (integration["key"]["status"], integration["key"]["hint"]) == ("active", "…uvwx")
 
 
+@ONE_DATABASE
 @pytest.mark.parametrize(
     ("body", "field"),
     [
@@ -188,6 +190,7 @@ async def test_duplicate_custom_integration_is_409(client: httpx.AsyncClient) ->
     assert (await client.get(url(project_id, "acme"))).json() == first
 
 
+@ONE_DATABASE
 @pytest.mark.parametrize("provider", ["OpenAI", "a" * 64, "-openai", "_openai", "", "open ai", "open.ai", "openai/x"])
 async def test_invalid_provider_name_is_422(client: httpx.AsyncClient, provider: str) -> None:
     project_id = await new_project(client)
@@ -238,6 +241,7 @@ async def test_put_endpoints_may_empty_a_template_integration(client: httpx.Asyn
     assert response.json()["key"]["status"] == "active"
 
 
+@ONE_DATABASE
 @pytest.mark.parametrize(
     "endpoint",
     [
@@ -376,6 +380,7 @@ async def test_patch_enabled_back_on(client: httpx.AsyncClient) -> None:
     assert response.json()["enabled"] is True
 
 
+@ONE_DATABASE
 @pytest.mark.parametrize(
     "change",
     [
