@@ -24,8 +24,8 @@ from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from credgate import __version__
 from credgate.config import Settings
-from credgate.error_responses import error_response
-from credgate.errors import ServiceError
+from credgate.error_responses import error_response, service_error_response
+from credgate.errors import ServiceError, internal_error
 from credgate.log_format import AccessLog
 from credgate.log_format import request_id as current_request_id
 from credgate.proxy import ProxyApp
@@ -111,7 +111,7 @@ class Gateway:
                 raise  # the response has started: it can only be cut off (uvicorn closes the connection)
             # Each plane answers its own errors; this is a failure outside them (building the control app, say).
             logger.exception("unexpected failure of request %s", request_id)
-            await error_response(500, f"internal error (request id {request_id})")(scope, receive, send_with_id)
+            await service_error_response(internal_error(request_id))(scope, receive, send_with_id)
         finally:
             # The path only: a query string may carry values that are not ours to log.
             path, duration_ms = raw_path.decode("latin-1"), (time.perf_counter() - started) * 1000
@@ -148,7 +148,7 @@ class Gateway:
         try:
             ctx = self.runtime.context
         except ServiceError as error:  # not started yet, or stopping
-            return error_response(error.status, error.message, error.headers)
+            return service_error_response(error)
         # Waited for without cancelling it on the spot: cancelling a query on a hung connection would wait on
         # that connection again (to roll back), and /readyz would hang with it.
         ping = asyncio.ensure_future(ctx.database.ping())

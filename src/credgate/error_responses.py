@@ -15,7 +15,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
-from credgate.errors import ServiceError
+from credgate.errors import ServiceError, internal_error
 from credgate.storage import StorageUnavailable
 
 if TYPE_CHECKING:  # FastAPI is loaded with the control app, which the proxy and the CLI's commands do without
@@ -66,6 +66,10 @@ def error_response(status: int, message: str, headers: Mapping[str, str] | None 
     )
 
 
+def service_error_response(error: ServiceError) -> Response:
+    return error_response(error.status, error.message, error.headers)
+
+
 def validation_message(errors: Sequence[Mapping[str, Any]]) -> str:
     """Name each field and its problem, never a submitted value. A location part that does not look like one
     of our names (a map's key, say, which could be a key pasted in the wrong place) is shown as `*`."""
@@ -89,7 +93,7 @@ def install_error_handlers(app: "FastAPI") -> None:
 
     @app.exception_handler(ServiceError)
     async def _service_error(_request: Request, error: ServiceError) -> Response:
-        return error_response(error.status, error.message, error.headers)
+        return service_error_response(error)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid_input(_request: Request, error: RequestValidationError) -> Response:
@@ -108,4 +112,4 @@ def install_error_handlers(app: "FastAPI") -> None:
     async def _unexpected(request: Request, _error: Exception) -> Response:
         request_id = request_id_of(request)
         logger.exception("unexpected error in request %s", request_id)
-        return error_response(500, f"internal error (request id {request_id})")
+        return service_error_response(internal_error(request_id))

@@ -34,6 +34,11 @@ class ServiceError(Exception):
         super().__init__(self.message)
 
 
+def internal_error(request_id: str) -> ServiceError:
+    """A failure of credgate's own, answered with nothing internal: the request id, to find its traceback in the log."""
+    return ServiceError(f"internal error (request id {request_id})")
+
+
 class BadRequest(ServiceError):
     """The request is malformed (a bad provider name or endpoint)."""
 

@@ -30,6 +30,7 @@ from credgate.errors import (
     ServiceError,
     Unauthorized,
     Unavailable,
+    internal_error,
 )
 from credgate.fleet import RateLimiter, RateLimits, retry_after_header
 from credgate.fleet.budgets import Budgets, LocalBudgets
@@ -108,7 +109,7 @@ def _not_public(provider: str) -> BadGateway:
 def _internal_error(request_id: str) -> ServiceError:
     """A bug of credgate's own: logged with its traceback, answered in the envelope with nothing internal."""
     logger.exception("unexpected failure of request %s", request_id)
-    return ServiceError(f"internal error (request id {request_id})")
+    return internal_error(request_id)
 
 
 def _unauthorized() -> Unauthorized:
