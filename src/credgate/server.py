@@ -10,15 +10,18 @@ it (see `run_workers`): each runs the whole gateway, attached to the database th
 """
 
 import asyncio
+import importlib.machinery
 import logging
 import os
 import secrets
 import shutil
 import signal
 import socket
+import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import uvicorn
@@ -244,7 +247,8 @@ def run_workers(settings: Settings, build: GatewayFactory, *, database_id: str) 
     if metrics.MULTIPROCESS_DIR not in os.environ:
         metrics_dir = os.environ[metrics.MULTIPROCESS_DIR] = tempfile.mkdtemp(prefix="credgate-metrics-")
     try:
-        supervisor.run()
+        with _main_not_rerun_in_workers():
+            supervisor.run()
     finally:
         for listener in listeners:
             listener.close()
@@ -252,6 +256,22 @@ def run_workers(settings: Settings, build: GatewayFactory, *, database_id: str) 
             shutil.rmtree(metrics_dir, ignore_errors=True)
     if any(worker.exitcode == STARTUP_FAILURE for worker in supervisor.processes):
         raise StartupError("a worker process could not start: see its error above")
+
+
+@contextmanager
+def _main_not_rerun_in_workers() -> Iterator[None]:
+    """multiprocessing's spawn runs the parent's main module again in every worker, as `__mp_main__`: here the
+    `credgate` script, and with it the whole CLI (about 2 MB a worker), though a worker needs only the pickled
+    gateway factory. A main module that names itself `*.__main__` is left alone (multiprocessing.spawn), so the
+    script is named so while the workers are started."""
+    main = sys.modules["__main__"]
+    named = getattr(main, "__spec__", None)
+    if named is None:
+        main.__spec__ = importlib.machinery.ModuleSpec("credgate.__main__", None)
+    try:
+        yield
+    finally:
+        main.__spec__ = named
 
 
 class WorkerApp:

@@ -1,5 +1,7 @@
 """Usage records: tokens read from JSON and SSE bodies, kept for the retention period, then pruned."""
 
+import asyncio
+import contextlib
 import gzip
 import json
 from datetime import UTC, datetime, timedelta
@@ -114,6 +116,28 @@ async def test_a_full_backlog_drops_the_oldest_and_counts_them(ctx: Context) -> 
     assert recorder.dropped == 1
     assert REGISTRY.get_sample_value("credgate_request_records_dropped_total") == before + 1  # operators see it
     assert [request.head for request in recorder._pending] == [[b"1"], [b"2"]]  # the oldest went first
+
+
+async def test_a_batch_is_written_once_it_is_full_without_waiting_for_the_clock(ctx: Context) -> None:
+    """Each pending request holds up to 64 KiB of its response: under load the batch's size bounds that memory."""
+    project, _ = await projects.create_project(ctx, name="p", actor="t")
+    recorder = UsageRecorder(ctx, flush_seconds=3600, batch_size=3)
+    running = asyncio.create_task(recorder.run())
+    try:
+        for _ in range(2):
+            recorder.record(proxied(project.id, datetime.now(UTC)))
+        await asyncio.sleep(0.2)
+        assert await usage.list_request_records(ctx, project_id=project.id) == []  # not a batch yet
+        recorder.record(proxied(project.id, datetime.now(UTC)))
+        for _ in range(500):  # written within 10 s, not the hour of `flush_seconds`
+            if len(await usage.list_request_records(ctx, project_id=project.id)) == 3:
+                break
+            await asyncio.sleep(0.02)
+        assert len(await usage.list_request_records(ctx, project_id=project.id)) == 3
+    finally:
+        running.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await running
 
 
 def test_tokens_are_read_from_a_gzip_compressed_body() -> None:

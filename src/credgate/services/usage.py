@@ -234,8 +234,10 @@ def _charges(batch: Sequence[ProxiedRequest], records: Sequence[dict[str, Any]])
 class UsageRecorder:
     """Collects proxied requests in memory and writes them in batches; never blocks the proxy.
 
-    When the database cannot keep up, the oldest pending records are dropped (and counted) rather than
-    letting memory grow or requests wait.
+    A batch is written every `flush_seconds`, or as soon as `batch_size` requests are pending: each holds up to
+    64 KiB of its response's body until then, so under load the batch's size, not the clock, bounds that memory
+    (a worker's peak RSS, bench/run.py). When the database cannot keep up, the oldest pending records are dropped
+    (and counted) rather than letting memory grow or requests wait.
     """
 
     def __init__(
@@ -245,6 +247,7 @@ class UsageRecorder:
         retention: timedelta = timedelta(days=30),
         max_pending: int = 20_000,
         flush_seconds: float = 0.1,
+        batch_size: int = 64,
     ) -> None:
         self._ctx = ctx
         # Told what each response spent of the budgets that admitted it (the proxy's budget counters).
@@ -253,6 +256,8 @@ class UsageRecorder:
         self._next_prune = 0.0
         self._pending: deque[ProxiedRequest] = deque(maxlen=max_pending)
         self._flush_seconds = flush_seconds
+        self._batch_size = batch_size
+        self._batch_ready = asyncio.Event()
         self._token_touched: dict[str, datetime] = {}
         self.dropped = 0
 
@@ -261,18 +266,31 @@ class UsageRecorder:
             self.dropped += 1
             metrics.request_records_dropped.inc()
         self._pending.append(request)
+        if len(self._pending) >= self._batch_size:
+            self._batch_ready.set()
 
     async def run(self) -> None:
         """Flush until cancelled; a final flush happens on cancellation."""
         try:
             while True:
-                await asyncio.sleep(self._flush_seconds)
+                await self._next_batch()
                 await self.flush()
                 if time.monotonic() >= self._next_prune:
                     self._next_prune = time.monotonic() + _PRUNE_INTERVAL_SECONDS
                     await self.prune()
         finally:
             await asyncio.shield(self.flush())
+
+    async def _next_batch(self) -> None:
+        """Until `flush_seconds` have passed, or a batch's worth is pending, if sooner."""
+        self._batch_ready.clear()
+        if len(self._pending) >= self._batch_size:
+            return
+        try:
+            async with asyncio.timeout(self._flush_seconds):
+                await self._batch_ready.wait()
+        except TimeoutError:
+            pass
 
     async def flush(self) -> None:
         batch = [self._pending.popleft() for _ in range(len(self._pending))]
