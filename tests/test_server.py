@@ -1,14 +1,18 @@
-"""The worker processes' start: what a spawned worker runs before the gateway."""
+"""The HTTP server around the gateway: what a spawned worker runs before it, and how long idle connections live."""
 
 import multiprocessing
 import os
+import re
 import sys
 import types
 from pathlib import Path
 
 import pytest
 
-from credgate.server import _main_not_rerun_in_workers
+from credgate.config import Settings
+from credgate.server import KEEP_ALIVE_SECONDS, _main_not_rerun_in_workers, server_config
+
+SHIPPED_NGINX_CONF = Path(__file__).parents[1] / "docs" / "deploy" / "nginx.conf"
 
 
 def _spawned_exit_code() -> int | None:
@@ -33,3 +37,14 @@ def test_a_spawned_worker_does_not_run_the_credgate_script_again(
     with _main_not_rerun_in_workers():
         assert _spawned_exit_code() == 0
     assert main.__spec__ is None
+
+
+def test_the_shipped_nginx_drops_idle_connections_to_credgate_before_credgate_closes_them(tmp_path: Path) -> None:
+    """Otherwise nginx may send a request on a connection an instance is closing: with `max_fails=1` each such
+    race takes that instance out, and when it hits all of them at once nginx answers 502."""
+    assert server_config(None, Settings(data_dir=tmp_path)).timeout_keep_alive == KEEP_ALIVE_SECONDS
+    upstream = re.search(r"upstream credgate \{(.*?)\}", SHIPPED_NGINX_CONF.read_text(), re.DOTALL)
+    assert upstream is not None
+    timeout = re.search(r"^\s*keepalive_timeout (\d+)s;", upstream.group(1), re.MULTILINE)
+    assert timeout is not None, "the upstream block keeps idle connections for nginx's default 60 s"
+    assert int(timeout.group(1)) < KEEP_ALIVE_SECONDS

@@ -43,6 +43,9 @@ MAX_HEADER_COUNT = 100  # as Envoy's default: SDKs send about 15, browsers about
 LINGER_SECONDS = 1.0
 # The process id tells which worker wrote a line; the level stays right before the logger's name.
 WORKER_HEALTHCHECK_SECONDS = 10  # a worker that does not answer the supervisor's ping for this long is replaced
+# An idle client connection is closed after this; a front proxy keeping idle connections to credgate must drop
+# them sooner, or it may send a request on one credgate is closing (docs/deploy/nginx.conf: 4 s).
+KEEP_ALIVE_SECONDS = 5
 WORKER_EXIT_MARGIN_SECONDS = 5.0  # after the drain, for a worker's shutdown (closing its pools) before it is killed
 
 GatewayFactory = Callable[..., ASGIApp]
@@ -212,6 +215,7 @@ def _options(settings: Settings) -> dict[str, Any]:
         "date_header": False,
         "log_config": None,
         "timeout_graceful_shutdown": settings.drain_seconds,
+        "timeout_keep_alive": KEEP_ALIVE_SECONDS,
     }
 
 
