@@ -113,7 +113,6 @@ async def test_a_full_backlog_drops_the_oldest_and_counts_them(ctx: Context) -> 
     before = REGISTRY.get_sample_value("credgate_request_records_dropped_total") or 0
     for index in range(3):
         recorder.record(proxied("prj_x", datetime.now(UTC), body=str(index).encode()))
-    assert recorder.dropped == 1
     assert REGISTRY.get_sample_value("credgate_request_records_dropped_total") == before + 1  # operators see it
     assert [request.head for request in recorder._pending] == [[b"1"], [b"2"]]  # the oldest went first
 

@@ -261,11 +261,9 @@ class UsageRecorder:
         self._batch_size = batch_size
         self._batch_ready = asyncio.Event()
         self._token_touched: dict[str, datetime] = {}
-        self.dropped = 0
 
     def record(self, request: ProxiedRequest) -> None:
         if len(self._pending) == self._pending.maxlen:
-            self.dropped += 1
             metrics.request_records_dropped.inc()
         self._pending.append(request)
         if len(self._pending) >= self._batch_size:
