@@ -871,10 +871,7 @@ async def test_ft16_after_kill_9_every_acknowledged_admin_write_is_there_whole_a
         async with httpx.AsyncClient(base_url=f"{running.url}/api/v1", headers=admin, timeout=10) as http:
             writers = [asyncio.create_task(write_until_killed(http, upstream, written, n)) for n in range(4)]
             # Killed mid-write once four keys are acknowledged (within 30 s: a loaded machine may take its time).
-            for _ in range(600):
-                if sum(len(noted.acknowledged) for noted in written.values()) >= 4:
-                    break
-                await asyncio.sleep(0.05)
+            await eventually(lambda: sum(len(noted.acknowledged) for noted in written.values()) >= 4, within=30)
             await asyncio.sleep(0.2)
             popen.kill()
             await asyncio.gather(*writers)
