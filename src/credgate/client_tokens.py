@@ -33,7 +33,7 @@ class ClientGrant:
 
     project_id: str
     minted_by: str  # the minting project token's hash
-    expires_at: int  # seconds since the epoch
+    expires_at: float  # seconds since the epoch, to the millisecond (older tokens: whole seconds)
     subject: str | None = None
     providers: frozenset[str] | None = None
     endpoints: tuple[Endpoint, ...] | None = None

@@ -75,9 +75,10 @@ class ClientTokenMinter:
         access = await self._access(token, "")
         request = _parse(await _read_body(receive))
         now = time.time()
-        expires_at = int(now) + request.ttl_seconds
+        # To the millisecond: whole seconds would cut up to one off a token's life (a 1 s token born dead).
+        expires_at = round(now + request.ttl_seconds, 3)
         if access.token_expires_at is not None:  # never outlives the token that minted it
-            expires_at = min(expires_at, int(access.token_expires_at.timestamp()))
+            expires_at = min(expires_at, access.token_expires_at.timestamp())
         for index, provider in enumerate(request.providers or ()):
             if (await self._access(token, provider)).integration is None:
                 raise InvalidInput(f"providers.{index}", f"this project has no integration {provider}")
