@@ -2,13 +2,12 @@
 the page, on an origin of its own, streams a chat completion through credgate (a real cross-origin call, with a
 preflight); no response the page receives carries the project token or the provider key."""
 
-import asyncio
 import json
 import os
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +20,7 @@ from playwright.async_api import Page, Response, expect
 
 from tests.browser.conftest import seen
 from tests.e2e.conftest import CREDGATE, RunningGateway, free_port
+from tests.polling import eventually
 from tests.secret_sweep import SWEEP, exposed
 from tests.upstream import Upstream
 
@@ -93,16 +93,6 @@ def credgate(gateway: RunningGateway, *args: str) -> Any:
     return json.loads(result.stdout)
 
 
-async def eventually(check: Callable[[], Awaitable[bool]], what: str, seconds: float = 30) -> None:
-    """Polls: a CLI change reaches the server within its change poll; the request log is written in the
-    background."""
-    deadline = time.monotonic() + seconds
-    while not await check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {seconds} s: {what}")
-        await asyncio.sleep(0.1)
-
-
 async def preflight(gateway: RunningGateway, origin: str) -> httpx.Response:
     asked = {"origin": origin, "access-control-request-method": "POST", "access-control-request-headers": "x-test"}
     async with httpx.AsyncClient(timeout=10) as client:
@@ -156,7 +146,8 @@ async def example(gateway: RunningGateway, upstream: Upstream, tmp_path: Path) -
         async def listed() -> bool:
             return (await preflight(gateway, origin)).status_code == 204
 
-        await eventually(listed, "the gateway answers a preflight from the newly allowed origin")
+        # A CLI change reaches the server within its change poll.
+        assert await eventually(listed, within=30, every=0.1), "no preflight answered for the newly allowed origin"
         yield Example(project_id=project_id, project_token=token, origin=origin)
 
 
@@ -211,7 +202,7 @@ async def test_the_page_streams_a_chat_completion_through_credgate_with_a_client
         records[:] = json.loads(gateway.cli("projects", "requests", example.project_id).stdout)["items"]
         return bool(records)
 
-    await eventually(logged, "the request is in the request log")
+    assert await eventually(logged, within=30, every=0.1), "the request is not in the request log"
     [record] = records
     assert (record["method"], record["endpoint"], record["status"]) == ("POST", "chat/completions", 200)
     by_subject = json.loads(gateway.cli("projects", "usage", example.project_id, "--group-by", "subject").stdout)
@@ -236,7 +227,7 @@ async def test_after_the_project_token_is_rotated_the_page_says_why_it_cannot_ch
             )
         return minted.status_code == 401
 
-    await eventually(refused, "the gateway refuses the rotated project token")
+    assert await eventually(refused, within=30, every=0.1), "the gateway still takes the rotated project token"
     await send(page, "second")
 
     # The page's client token died with the project token: 401; a new one cannot be minted either.

@@ -10,6 +10,7 @@ import pytest
 from credgate.config import Settings
 from credgate.services.context import Context
 from tests.e2e.conftest import Project, add_custom
+from tests.polling import eventually
 from tests.upstream import Upstream
 
 
@@ -33,15 +34,6 @@ async def raw_request(
         await writer.drain()
         await asyncio.sleep(pause)
     return reader, writer
-
-
-async def eventually(check: object, within: float) -> bool:
-    deadline = asyncio.get_running_loop().time() + within
-    while asyncio.get_running_loop().time() < deadline:
-        if check():  # type: ignore[operator]
-            return True
-        await asyncio.sleep(0.02)
-    return bool(check())  # type: ignore[operator]
 
 
 async def test_a_client_that_sent_its_body_in_pieces_and_leaves_mid_stream_frees_the_upstream(

@@ -6,7 +6,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -18,6 +18,7 @@ from credgate.proxy import create_http_session
 from credgate.services import admins
 from credgate.services.context import Context
 from tests.e2e.conftest import Project, add_custom, add_project
+from tests.polling import eventually
 from tests.upstream import Upstream
 
 CHAT = {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}
@@ -25,15 +26,6 @@ CHAT = {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}
 
 def bearer(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
-
-
-async def eventually(condition: Callable[[], bool], *, within: float) -> bool:
-    deadline = time.monotonic() + within
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        await asyncio.sleep(0.01)
-    return True
 
 
 @pytest.fixture

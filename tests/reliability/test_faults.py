@@ -42,6 +42,7 @@ from tests.e2e.conftest import (
     start_gateway,
     stop_gateway,
 )
+from tests.polling import eventually
 from tests.secret_sweep import SWEEP
 from tests.upstream import (
     GZIP_EVENTS,
@@ -78,15 +79,6 @@ def assert_service_error(response: httpx.Response, status: int) -> str:
     body = response.json()
     assert body == {"error": {"status": status, "message": body["error"]["message"]}}
     return str(body["error"]["message"])
-
-
-async def eventually(condition: Any, *, within: float) -> bool:
-    deadline = time.monotonic() + within
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        await asyncio.sleep(0.01)
-    return True
 
 
 @dataclass
@@ -620,10 +612,8 @@ async def test_ft12_while_the_database_refuses_unknown_tokens_and_writes_get_503
     assert len(relayed.upstream.received) == 2  # the warm-up and the stale request
 
     relayed.relay.restore()
-    deadline = time.monotonic() + 5
-    while (await relayed.chat(relayed.cold)).status_code != 200:
-        assert time.monotonic() < deadline, "not serving again within 5 s of the database's return"
-        await asyncio.sleep(0.1)
+    back = await eventually(lambda: serves(relayed, relayed.cold), within=5, every=0.1)
+    assert back, "not serving again within 5 s of the database's return"
     listed = await relayed.http.get("/api/v1/projects", headers=bearer(relayed.admin_token))
     assert sorted(item["id"] for item in listed.json()["items"]) == sorted([relayed.warm.id, relayed.cold.id])
 
@@ -645,14 +635,16 @@ async def test_ft12_what_was_cached_is_served_for_the_stale_seconds_then_503_unt
     assert database_up() == 0  # what /metrics shows an operator, as credgate_dependency_up{dependency="database"}
 
     relayed.relay.restore()
-    deadline = time.monotonic() + 5
-    while (await relayed.chat(relayed.warm)).status_code != 200 or database_up() != 1:
-        assert time.monotonic() < deadline, "not serving again within 5 s of the database's return"
-        await asyncio.sleep(0.1)
+    back = await eventually(lambda: database_up() == 1 and serves(relayed, relayed.warm), within=5, every=0.1)
+    assert back, "not serving again within 5 s of the database's return"
 
 
 def database_up() -> float | None:
     return REGISTRY.get_sample_value("credgate_dependency_up", {"dependency": "database"})
+
+
+async def serves(relayed: Relayed, project: Project) -> bool:
+    return (await relayed.chat(project)).status_code == 200
 
 
 @POSTGRES_BEHIND_A_RELAY
@@ -719,10 +711,8 @@ async def test_ft12_while_the_database_hangs_unknown_tokens_and_readiness_get_50
     assert unknown_took < LOOKUP_TIMEOUT_SECONDS + 2
     assert ready_took < 4
     relayed.relay.restore()
-    deadline = time.monotonic() + 5
-    while (await relayed.chat(relayed.cold)).status_code != 200:
-        assert time.monotonic() < deadline, "not serving again within 5 s of the database's return"
-        await asyncio.sleep(0.1)
+    back = await eventually(lambda: serves(relayed, relayed.cold), within=5, every=0.1)
+    assert back, "not serving again within 5 s of the database's return"
 
 
 # FT-13 key rotation with requests in flight
@@ -871,13 +861,15 @@ async def test_ft16_after_kill_9_every_acknowledged_admin_write_is_there_whole_a
         async with httpx.AsyncClient(base_url=f"{running.url}/api/v1", headers=admin, timeout=10) as http:
             writers = [asyncio.create_task(write_until_killed(http, upstream, written, n)) for n in range(4)]
             # Killed mid-write once four keys are acknowledged (within 30 s: a loaded machine may take its time).
-            await eventually(lambda: sum(len(noted.acknowledged) for noted in written.values()) >= 4, within=30)
+            acknowledged = await eventually(
+                lambda: sum(len(noted.acknowledged) for noted in written.values()) >= 4, within=30
+            )
             await asyncio.sleep(0.2)
             popen.kill()
             await asyncio.gather(*writers)
     finally:
         stop_gateway(popen, running)
-    assert sum(len(noted.acknowledged) for noted in written.values()) >= 4
+    assert acknowledged, "four keys were not acknowledged within 30 s"
     # The restart, in this process: the same start-up checks and migrations as `credgate serve`, then serving.
     settings = Settings(data_dir=tmp_path / "data", allow_private_upstreams=True)
     ctx = await open_context(settings)

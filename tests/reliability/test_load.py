@@ -30,6 +30,7 @@ from credgate.services.bootstrap import open_context
 from credgate.services.context import Context
 from credgate.services.projects import ProjectChanges
 from tests.e2e.conftest import Project, add_custom, add_project, serving, start_gateway, stop_gateway
+from tests.polling import eventually
 from tests.secret_sweep import SWEEP
 from tests.upstream import CatalogueUpstream, Upstream, run_catalogue_upstream
 
@@ -53,15 +54,6 @@ def bearer(token: str) -> dict[str, str]:
 def percentile(values: list[float], fraction: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
-
-
-async def eventually(condition: Any, *, within: float) -> bool:
-    deadline = time.monotonic() + within
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        await asyncio.sleep(0.01)
-    return True
 
 
 @dataclass

@@ -15,6 +15,7 @@ from credgate.services.access import Access, follow_notices, resolve_access, wat
 from credgate.services.context import Context, notify_channel
 from credgate.services.integrations import IntegrationChanges
 from credgate.specs import BearerAuth, Endpoint
+from tests.polling import eventually
 from tests.secret_sweep import SWEEP
 from tests.services.helpers import DatabaseFixture, opened
 
@@ -272,18 +273,11 @@ async def listening(ctx: Context) -> AsyncIterator[None]:
     generation = ctx.access.generation
     task = asyncio.create_task(follow_notices(ctx))
     try:
-        await until(lambda: ctx.access.generation > generation, seconds=5)
+        assert await eventually(lambda: ctx.access.generation > generation, within=5)
         yield
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
-
-
-async def until(condition: Callable[[], bool], *, seconds: float) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, "not within the time"
-        await asyncio.sleep(0.01)
 
 
 @pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
@@ -299,7 +293,7 @@ async def test_a_listening_connection_the_server_ends_is_replaced_and_changes_ar
                 {"listen": f'LISTEN "{notify_channel(ctx)}"'},
             )
         assert ended == 1
-        await until(lambda: ctx.access.generation > generation, seconds=5)  # listening again
+        assert await eventually(lambda: ctx.access.generation > generation, within=5)  # listening again
         assert await look(ctx, token) == BEFORE
         await set_key(other, project_id)
         assert await look_within(ctx, token, (NEW_KEY, True, BASE_URL, 1, None), seconds=0.1) != BEFORE
