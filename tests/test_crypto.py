@@ -5,6 +5,7 @@ from collections.abc import Sequence
 
 import pytest
 
+from credgate import crypto
 from credgate.crypto import (
     DecryptionError,
     KeyRing,
@@ -109,6 +110,20 @@ def test_sealing_picks_up_a_newer_key_from_the_reload_source() -> None:
     ring = KeyRing(keys, reload=lambda: keys)
     keys.insert(0, new)  # another process rotated the key file
     assert ciphertext_key_id(ring.seal(PLAINTEXT, aad=BINDING)) == master_key_id(new).hex()
+
+
+def test_a_key_a_rotation_dropped_stops_counting_for_the_tags_it_made(monkeypatch: pytest.MonkeyPatch) -> None:
+    old, new = new_master_key(), new_master_key()
+    keys = [old]
+    ring = KeyRing(keys, reload=lambda: list(keys))
+    tag = ring.tag(b"message", purpose=b"test")
+    assert ring.check_tag(b"message", tag, purpose=b"test")
+    keys[:] = [new]  # another process finished a rotation: the old key is gone from the key file
+    assert ring.holds_key_of(tag)  # this process has not re-read the file yet (it does every 10 s)
+    monkeypatch.setattr(crypto, "_TAG_REFRESH_SECONDS", 0)  # now it has
+    assert not ring.holds_key_of(tag)
+    assert not ring.check_tag(b"message", tag, purpose=b"test")
+    assert ring.check_tag(b"message", ring.tag(b"message", purpose=b"test"), purpose=b"test")
 
 
 def test_a_ring_needs_a_key() -> None:

@@ -38,6 +38,7 @@ class ClientGrant:
     providers: frozenset[str] | None = None
     endpoints: tuple[Endpoint, ...] | None = None
     origins: frozenset[str] | None = None
+    tag: bytes = b""  # the signature, read: its master key must still be the ring's at each use
 
     def covers(self, provider: str, method: str, segments: tuple[str, ...]) -> bool:
         """Whether the request is within the token's providers and endpoints (the integration's are checked too)."""
@@ -86,7 +87,8 @@ def read(keyring: KeyRing, token: str) -> ClientGrant | None:
     if not _BASE64URL.fullmatch(payload) or not _BASE64URL.fullmatch(tag) or _encode(_decode(payload)) != payload:
         return None
     try:
-        if not keyring.check_tag(signed.encode(), _decode(tag), purpose=_PURPOSE):
+        signature = _decode(tag)
+        if not keyring.check_tag(signed.encode(), signature, purpose=_PURPOSE):
             return None
         claims = json.loads(_decode(payload))
         providers, endpoints, origins = claims.get("v"), claims.get("e"), claims.get("o")
@@ -98,6 +100,7 @@ def read(keyring: KeyRing, token: str) -> ClientGrant | None:
             providers=None if providers is None else frozenset(providers),
             endpoints=None if endpoints is None else tuple(Endpoint(method=m, path=p) for m, p in endpoints),
             origins=None if origins is None else frozenset(origins),
+            tag=signature,
         )
     except (ValueError, KeyError, TypeError, binascii.Error):
         # Only a payload this gateway signed gets here: a failure is a bug, but never a token accepted.

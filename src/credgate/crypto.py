@@ -119,6 +119,12 @@ class KeyRing:
             self._refreshed_at = now
             self.refresh()
 
+    def holds_key_of(self, tag: bytes) -> bool:
+        """Whether the master key that made `tag` is still in the ring. The keys are re-read now and then, so that
+        a key a rotation dropped stops counting in every process soon after, for a tag checked earlier too."""
+        self._refresh_within(_TAG_REFRESH_SECONDS)
+        return tag[:_KEY_ID_BYTES] in self._keys
+
     def _mac_key(self, key_id: bytes, purpose: bytes) -> bytes:
         # One key per purpose, derived from the master key: a tag made for one use is worthless for another.
         found = self._mac_keys.get((key_id, purpose))
@@ -137,7 +143,7 @@ class KeyRing:
     def check_tag(self, message: bytes, tag: bytes, *, purpose: bytes) -> bool:
         """Whether `tag` is `message`'s under any master key of the ring (an older one too, during a rotation)."""
         key_id = tag[:_KEY_ID_BYTES]
-        if key_id not in self._keys:
+        if not self.holds_key_of(tag):
             self._refresh_within(1)  # made by a process that already holds a newer key (made-up ids: once a second)
             if key_id not in self._keys:
                 return False

@@ -10,7 +10,9 @@ from typing import Any
 import httpx
 import pytest
 
-from credgate.services import budgets, projects, usage
+from credgate import crypto
+from credgate.config import Settings
+from credgate.services import budgets, master_keys, projects, usage
 from credgate.services.context import Context
 from credgate.services.projects import ProjectChanges
 from tests.e2e.conftest import Project, add_project
@@ -127,6 +129,21 @@ async def test_a_token_stops_at_its_expiry(gateway_url: str, project: Project) -
     expired = await call(gateway_url, token)
     assert expired.status_code == 401
     assert expired.headers["www-authenticate"].startswith("Bearer")
+
+
+async def test_a_master_key_rotation_ends_the_tokens_signed_before_it_even_once_remembered(
+    gateway_url: str, ctx: Context, settings: Settings, project: Project, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rotation is what an admin does when the master key may have leaked: a token signed under the old key
+    (or forged with it) must stop, in a worker that has checked it already too."""
+    token = await minted(gateway_url, project)
+    assert (await call(gateway_url, token)).status_code == 200  # checked, and remembered
+
+    await master_keys.rotate_master_key(ctx, settings, actor="t")
+    monkeypatch.setattr(crypto, "_TAG_REFRESH_SECONDS", 0)  # the key file re-read at once, not within 10 s
+    refused = await call(gateway_url, token)
+    assert refused.status_code == 401
+    assert (await call(gateway_url, await minted(gateway_url, project))).status_code == 200
 
 
 @pytest.mark.parametrize("ending", ["rotate", "revoke", "delete"])

@@ -301,8 +301,12 @@ class ProxyApp:
         return access, token, grant, subject
 
     def _grant(self, token: str) -> ClientGrant | None:
-        """A client token's grant while it has not expired: its signature checked once, then remembered."""
+        """A client token's grant while it has not expired: its signature checked once, then remembered while
+        the master key that signed it is still in use (a rotation ends the tokens signed before it)."""
         grant = self._grants.get(token)
+        if grant is not None and not self.ctx.keyring.holds_key_of(grant.tag):
+            self._grants.pop(token, None)
+            return None
         if grant is None:
             grant = client_tokens.read(self.ctx.keyring, token)
             if grant is None:
