@@ -54,6 +54,7 @@ class Gateway:
     def __init__(self, runtime: Runtime, build_control: Callable[[], "FastAPI"]) -> None:
         self.runtime = runtime
         self._control = BuiltOnFirstUse(build_control)
+        self._panel = BuiltOnFirstUse(lambda: _panel(runtime))
         # X-Forwarded-For from a trusted front proxy names the client for the panel's sign-in throttle (uvicorn's
         # own reading of it, on the same setting); the proxy plane has no use for the address and skips it.
         trusted = os.environ.get("FORWARDED_ALLOW_IPS", "127.0.0.1,::1")
@@ -104,6 +105,8 @@ class Gateway:
         # Routed and logged on the path as received: the decoded one may hide a `/proxy/` or a line break.
         raw_path: bytes = scope.get("raw_path") or scope["path"].encode()
         app = self._plane(scope, raw_path)
+        if app is self._control_plane:  # the control app is the process's; the runtime and panel, this gateway's
+            state["runtime"], state["panel"] = self.runtime, self._panel
         try:
             await app(scope, receive, send_with_id)
         except Exception:
@@ -206,9 +209,14 @@ def _panel(runtime: Runtime) -> ASGIApp:
     return create_panel(lambda: runtime.context, runtime.verify_key, SingleSignOn.of(runtime.settings))
 
 
-def _control_app(runtime: Runtime) -> "FastAPI":
+@functools.cache
+def _control_app(open_metrics: bool) -> "FastAPI":
     """The admin API, /metrics and the panel. Imported at its first request: FastAPI and the admin API's routes
-    and schemas cost a worker about 10 MB and its start about 0.5 s, which a worker serving only the proxy saves."""
+    and schemas cost a worker about 10 MB and its start about 0.5 s, which a worker serving only the proxy saves.
+
+    One per process (and per `open_metrics`), whichever gateway serves it: FastAPI readies each route at its first
+    request, about 20 ms each, and a process that builds many gateways (the tests) would pay that for each. A
+    request finds its gateway's runtime and panel in its scope's state (`runtime`, `panel`)."""
     from fastapi import FastAPI
 
     from credgate.admin_api.routes import metrics_router, open_metrics_router
@@ -222,13 +230,17 @@ def _control_app(runtime: Runtime) -> "FastAPI":
         docs_url=None,
         redoc_url=None,
     )
-    control.state.runtime = runtime  # the admin API's, read through admin_api.routes.runtime_of
     install_error_handlers(control)
     control.include_router(admin_api_router)
     # On an admin listener of its own, /metrics is open as Prometheus expects; on the one listener, it is admin-only.
-    control.include_router(open_metrics_router if runtime.settings.admin_listener else metrics_router)
-    control.mount("/admin", BuiltOnFirstUse(lambda: _panel(runtime)))
+    control.include_router(open_metrics_router if open_metrics else metrics_router)
+    control.mount("/admin", _gateways_panel)
     return control
+
+
+async def _gateways_panel(scope: Scope, receive: Receive, send: Send) -> None:
+    panel: ASGIApp = scope["state"]["panel"]
+    await panel(scope, receive, send)
 
 
 def create_app(
@@ -237,4 +249,4 @@ def create_app(
     """Build the gateway over one Runtime. Given `context` or `http_session`, they are used as they are (tests);
     otherwise they are opened at start and closed at shutdown. The proxy exists once the lifespan has started."""
     runtime = Runtime(settings, open_context, context=context, http_session=http_session)
-    return Gateway(runtime, functools.partial(_control_app, runtime))
+    return Gateway(runtime, functools.partial(_control_app, settings.admin_listener is not None))

@@ -137,8 +137,8 @@ class AdminRuntime(Protocol):
 
 
 def runtime_of(request: Request) -> AdminRuntime:
-    """The gateway's runtime, which create_app gives the app it mounts this router on."""
-    runtime: AdminRuntime = request.app.state.runtime
+    """The runtime of the gateway serving the request, which the gateway puts in the request's state."""
+    runtime: AdminRuntime = request.state.runtime
     return runtime
 
 
