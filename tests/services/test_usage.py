@@ -70,9 +70,8 @@ async def test_flush_writes_and_prune_forgets_old_requests(ctx: Context) -> None
 
 
 async def test_every_field_is_stored_as_recorded_whatever_its_characters(ctx: Context) -> None:
-    """On SQLite a batch is cut into statements of many rows each (repository.insert_request_records): nothing of a
-    value may be lost, changed or moved to another row on the way, not a microsecond, a quote, a backslash, a
-    large count nor a None. 502 rows: statements of 256, 128, 64, 32, 16, 4 and 2 rows."""
+    """On SQLite the batch travels as one JSON document (repository.insert_request_records): nothing of a value
+    may be lost or changed on the way, not a microsecond, a quote, a backslash, a large count nor a None."""
     project, _ = await projects.create_project(ctx, name="p", actor="t")
     recorder = UsageRecorder(ctx)
     at = datetime(2026, 11, 27, 0, 9, 59, 123456, tzinfo=UTC)
