@@ -14,6 +14,7 @@ from starlette.types import Message, Scope
 from credgate.app import Gateway, create_app
 from credgate.config import Settings
 from credgate.runtime import Runtime
+from credgate.services import admins, projects
 from credgate.services.bootstrap import open_context
 from credgate.services.context import Context
 
@@ -51,6 +52,30 @@ async def test_a_websocket_is_refused(settings: Settings, ctx: Context) -> None:
     scope: Scope = {"type": "websocket", "path": "/admin/x", "raw_path": b"/admin/x", "headers": [], "server": None}
     await create_app(settings, context=ctx)(scope, receive, send)
     assert sent == [{"type": "websocket.close", "code": 1000}]
+
+
+async def test_gateways_in_one_process_share_the_control_app_but_each_serves_its_own_database(
+    settings: Settings, ctx: Context, tmp_path: Path
+) -> None:
+    """The control app is built once per process (FastAPI readies each route at its first request); what it
+    serves is the runtime of the gateway the request came through, never another's."""
+    other_settings = Settings(data_dir=tmp_path / "other", allow_private_upstreams=True)
+    other_ctx = await open_context(other_settings)
+    try:
+        mine, theirs = create_app(settings, context=ctx), create_app(other_settings, context=other_ctx)
+        assert mine.control is theirs.control
+        for gateway, context, name in ((mine, ctx, "mine"), (theirs, other_ctx, "theirs")):
+            await projects.create_project(context, name=name, actor="t")
+            token = await admins.create_admin_token(context, name="t", actor="t")
+            transport = httpx.ASGITransport(app=gateway)
+            headers = {"authorization": f"Bearer {token}"}
+            async with httpx.AsyncClient(transport=transport, base_url="http://t", headers=headers) as client:
+                listed = await client.get("/api/v1/projects")
+                sign_in = await client.get("/admin/login")
+            assert [project["name"] for project in listed.json()["items"]] == [name]
+            assert sign_in.status_code == 200
+    finally:
+        await other_ctx.database.dispose()
 
 
 async def test_a_control_app_that_cannot_be_built_answers_500_in_the_envelope_and_is_logged(
