@@ -1,5 +1,6 @@
 """The built-in integration templates: one TOML file per provider in this folder."""
 
+import functools
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any
@@ -43,21 +44,35 @@ def load_templates(*folders: Path) -> dict[str, Template]:
     """Every template of the TOML files in `folders`, by id; later folders may not reuse an id."""
     templates: dict[str, Template] = {}
     for folder in folders:
-        for path in sorted(folder.glob("*.toml")):
-            try:
-                loaded = _templates_of(tomllib.loads(path.read_text()))
-            except tomllib.TOMLDecodeError as error:
-                raise CatalogError(f"{path}: not valid TOML: {error}") from None
-            except ValidationError as error:
-                problems = "; ".join(
-                    f"{'.'.join(str(part) for part in issue['loc'])}: {issue['msg']}" for issue in error.errors()
-                )
-                raise CatalogError(f"{path}: {problems}") from None
+        for path, loaded in _builtin_files() if folder == CATALOG_DIR else _files(folder):
             for template in loaded:
                 if template.id in templates:
                     raise CatalogError(f"{path}: template id {template.id} is defined twice")
                 templates[template.id] = template
     return templates
+
+
+@functools.cache
+def _builtin_files() -> tuple[tuple[Path, tuple[Template, ...]], ...]:
+    """The built-in templates, read once a process: they ship with the package (and parsing them takes about
+    30 ms, which every opened context paid)."""
+    return _files(CATALOG_DIR)
+
+
+def _files(folder: Path) -> tuple[tuple[Path, tuple[Template, ...]], ...]:
+    return tuple((path, _file_templates(path)) for path in sorted(folder.glob("*.toml")))
+
+
+def _file_templates(path: Path) -> tuple[Template, ...]:
+    try:
+        return tuple(_templates_of(tomllib.loads(path.read_text())))
+    except tomllib.TOMLDecodeError as error:
+        raise CatalogError(f"{path}: not valid TOML: {error}") from None
+    except ValidationError as error:
+        problems = "; ".join(
+            f"{'.'.join(str(part) for part in issue['loc'])}: {issue['msg']}" for issue in error.errors()
+        )
+        raise CatalogError(f"{path}: {problems}") from None
 
 
 def builtin_templates() -> dict[str, Template]:
