@@ -1,5 +1,6 @@
 """Projects and their tokens: issue, rotate with grace and expiry, revoke, delete; only hashes are stored."""
 
+import asyncio
 from datetime import datetime, timedelta
 
 import pytest
@@ -11,6 +12,7 @@ from credgate.services import integrations, projects
 from credgate.services.access import resolve_access
 from credgate.services.context import Context
 from credgate.services.projects import ProjectChanges
+from credgate.specs import IdentityProviderSpec
 from credgate.storage.models import Base, Integration, ProjectToken, ProviderKey
 from tests.secret_sweep import SWEEP
 
@@ -142,3 +144,25 @@ async def test_renaming_keeps_the_token(ctx: Context) -> None:
     await projects.update_project(ctx, project_id=project_id, changes=ProjectChanges(name="renamed"), actor="tests")
     assert (await projects.get_project(ctx, project_id=project_id)).name == "renamed"
     assert await works(ctx, token)
+
+
+async def test_two_projects_claiming_one_identity_provider_at_the_same_moment_get_one_claim(ctx: Context) -> None:
+    """An identity token finds its project by issuer and audience alone: two claims made at once must queue, the
+    second seeing the first's (PostgreSQL reads each statement's snapshot; SQLite serialises the writes)."""
+    trusted = IdentityProviderSpec(
+        jwks_url="https://auth.example/.well-known/jwks.json", issuer="https://auth.example/", audience="app"
+    )
+    claimants = [(await projects.create_project(ctx, name=f"p{index}", actor="t"))[0] for index in range(4)]
+    claims = await asyncio.gather(
+        *(
+            projects.update_project(
+                ctx, project_id=project.id, changes=ProjectChanges(identity_provider=trusted), actor="t"
+            )
+            for project in claimants
+        ),
+        return_exceptions=True,
+    )
+    assert sorted(type(claim).__name__ for claim in claims) == ["Conflict", "Conflict", "Conflict", "Project"]
+    async with ctx.database.transaction(write=False) as repo:
+        holders = [project for project, _, trusting in await repo.project_directory() if trusting]
+    assert len(holders) == 1

@@ -138,6 +138,7 @@ def _origins(origins: Sequence[str]) -> list[str]:
 
 async def _check_identity_unclaimed(repo: Repository, trusted: IdentityProviderSpec, project_id: str) -> None:
     # An identity token names no project: its issuer and audience find it, so they may find only one.
+    await repo.lock_identity_claims()
     for other_id, _, other in await repo.project_directory():
         if (
             other

@@ -41,6 +41,8 @@ _SQLITE_RECORDS_INSERT = insert(_REQUEST_RECORDS).from_select(
     select(*(func.json_extract(_JSON_ROWS.c.value, f"$[{index}]") for index in range(len(_RECORD_COLUMNS)))),
 )
 
+# The advisory lock (a number of our own, PostgreSQL-wide) that queues claims of identity providers.
+_IDENTITY_CLAIMS_LOCK = 0x6367_6964  # "cgid"
 # The meta row holding the hash of the audit log's newest entry: locked by every append, so appends queue.
 AUDIT_HEAD = "audit_head"
 
@@ -186,6 +188,13 @@ class Repository:
 
     async def get_admin_token(self, token_id: str) -> AdminToken | None:
         return await self._session.get(AdminToken, token_id)
+
+    async def lock_identity_claims(self) -> None:
+        """Queue the changes that claim an identity provider's issuer and audience for a project, until the
+        transaction ends (a transaction-scoped advisory lock on PostgreSQL; SQLite's write transactions are
+        serialised already): the second reads the first's claim before it claims, so no two projects hold one."""
+        if self._session.get_bind().dialect.name == "postgresql":
+            await self._session.execute(select(func.pg_advisory_xact_lock(_IDENTITY_CLAIMS_LOCK)))
 
     async def lock_owner_ids(self) -> list[str]:
         """The ids of every owner, users' and tokens', locked until the transaction ends (FOR UPDATE on PostgreSQL,
