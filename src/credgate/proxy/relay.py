@@ -301,12 +301,9 @@ class ProxyApp:
         return access, token, grant, subject
 
     def _grant(self, token: str) -> ClientGrant | None:
-        """A client token's grant while it has not expired: its signature checked once, then remembered while
-        the master key that signed it is still in use (a rotation ends the tokens signed before it)."""
+        """A client token's grant while it is valid: its signature checked once, then remembered; on every use,
+        not expired and its master key still in the ring (a rotation ends the tokens signed before it)."""
         grant = self._grants.get(token)
-        if grant is not None and not self.ctx.keyring.holds_key_of(grant.tag):
-            self._grants.pop(token, None)
-            return None
         if grant is None:
             grant = client_tokens.read(self.ctx.keyring, token)
             if grant is None:
@@ -314,7 +311,7 @@ class ProxyApp:
             if len(self._grants) >= _MAX_REMEMBERED_GRANTS:
                 self._grants.clear()
             self._grants[token] = grant
-        if grant.expires_at <= time.time():
+        if grant.expires_at <= time.time() or not self.ctx.keyring.holds_key_of(grant.tag):
             self._grants.pop(token, None)
             return None
         return grant
