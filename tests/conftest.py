@@ -25,6 +25,8 @@ from credgate.services.context import Context
 from tests.migrated_template import lay_in_migrated_schema
 from tests.secret_sweep import SWEEP, SweepHandler
 
+pytest_plugins = ["tests.teardown_guard"]
+
 POSTGRES_URL = os.environ.get("CREDGATE_TEST_POSTGRES_URL")
 REQUIRE_POSTGRES = os.environ.get("CREDGATE_TEST_REQUIRE_POSTGRES") == "1"
 # SDKs that look for cloud credentials (boto3, google-auth) must never ask a metadata server or read the
