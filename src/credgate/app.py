@@ -30,6 +30,7 @@ from credgate.log_format import AccessLog
 from credgate.log_format import request_id as current_request_id
 from credgate.proxy import ProxyApp
 from credgate.proxy.minting import PATH as MINTING_PATH
+from credgate.proxy.minting import MintedToken, MintRequest
 from credgate.runtime import Runtime
 from credgate.services.bootstrap import open_context
 from credgate.services.context import Context
@@ -235,7 +236,52 @@ def _control_app(open_metrics: bool) -> "FastAPI":
     # On an admin listener of its own, /metrics is open as Prometheus expects; on the one listener, it is admin-only.
     control.include_router(open_metrics_router if open_metrics else metrics_router)
     control.mount("/admin", _gateways_panel)
+    _document_minting(control)
     return control
+
+
+def _document_minting(control: "FastAPI") -> None:
+    """Put `POST /api/v1/client-tokens` in the admin API's OpenAPI document. The proxy serves it (raw ASGI, see
+    proxy/minting.py), so no route of the control app declares it: a route declared here, outside the app, is
+    added to the document only, and the app still routes nothing there."""
+    from fastapi import APIRouter
+    from fastapi.openapi.utils import get_openapi
+
+    from credgate.error_responses import ERROR_RESPONSES, ErrorOut
+
+    documented = APIRouter()
+    refusals: dict[int | str, dict[str, Any]] = {status: ERROR_RESPONSES[status] for status in (400, 422, 503)}
+    for status, description in (
+        (401, "missing or invalid project token"),
+        (403, "a client token or an end user's token cannot mint"),
+        (405, "not POST"),
+        (413, "body over 64 KiB"),
+    ):
+        refusals[status] = {"model": ErrorOut, "description": description}
+
+    @documented.post(
+        MINTING_PATH.decode(),
+        status_code=201,
+        response_model=MintedToken,
+        responses=refusals,
+        response_description="the client token",
+        openapi_extra={"security": [{"HTTPBearer": []}]},  # the admin API's scheme: a bearer token, here the project's
+        tags=["client tokens"],
+        summary="Mint a client token",
+        description="With a **project token** (not an admin token): a short-lived token for a page or an app, "
+        "scoped to providers, endpoints and origins within the project's. Served beside the proxy, on the main "
+        "listener only.",
+    )
+    async def mint_client_token(request: MintRequest) -> MintedToken:  # never routed: the proxy answers
+        raise NotImplementedError
+
+    def openapi() -> dict[str, Any]:
+        if control.openapi_schema is None:
+            routes = [*control.routes, *documented.routes]
+            control.openapi_schema = get_openapi(title=control.title, version=control.version, routes=routes)
+        return control.openapi_schema
+
+    control.openapi = openapi  # type: ignore[method-assign]
 
 
 async def _gateways_panel(scope: Scope, receive: Receive, send: Send) -> None:

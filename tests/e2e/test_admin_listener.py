@@ -92,6 +92,10 @@ async def test_the_admin_listener_serves_the_api_the_panel_and_open_metrics_but_
         panel = await client.get("/admin/login")
         scraped = await client.get("/metrics")  # no token: only the admin listener's network reaches it
         proxied = await client.get("/proxy/stand-in/echo/x", headers={"authorization": f"Bearer {project.token}"})
+        # documented in the admin API's OpenAPI, but served beside the proxy: not here
+        minting = await client.post(
+            "/api/v1/client-tokens", json={}, headers={"authorization": f"Bearer {project.token}"}
+        )
         health = await client.get("/healthz")
 
     assert listed.status_code == 200
@@ -106,6 +110,7 @@ async def test_the_admin_listener_serves_the_api_the_panel_and_open_metrics_but_
     )
     assert served == ["2.0"]  # summed over both workers
     assert proxied.status_code == 404
+    assert minting.status_code == 404
     assert len([seen for seen in upstream.received if seen.path_qs == "/echo/x"]) == 2  # never forwarded from here
     assert health.status_code == 200
     SWEEP.capture("admin-listener metrics", scraped.text)

@@ -11,7 +11,10 @@ import httpx
 import pytest
 
 from credgate import crypto
+from credgate.app import create_app
 from credgate.config import Settings
+from credgate.error_responses import ErrorOut
+from credgate.proxy.minting import MintedToken
 from credgate.services import budgets, master_keys, projects, usage
 from credgate.services.context import Context
 from credgate.services.projects import ProjectChanges
@@ -195,6 +198,38 @@ async def test_only_a_project_token_mints(gateway_url: str, ctx: Context, projec
         wrong = await client.get("/api/v1/client-tokens", headers={"authorization": f"Bearer {project.token}"})
         assert wrong.status_code == 405
         assert wrong.headers["allow"] == "POST"
+
+
+async def test_the_admin_apis_openapi_document_describes_the_mint_as_it_answers(
+    gateway_url: str, project: Project
+) -> None:
+    document = create_app(Settings.model_construct()).control.openapi()
+    operation = document["paths"]["/api/v1/client-tokens"]["post"]
+    assert operation["requestBody"]["content"]["application/json"]["schema"] == ref("MintRequest")
+    assert operation["responses"]["201"]["content"]["application/json"]["schema"] == ref("MintedToken")
+    MintedToken.model_validate((await mint(gateway_url, project.token, ttl_seconds=60)).json())  # no field more
+    async with httpx.AsyncClient(base_url=gateway_url) as client:
+        refusals = [
+            await mint(gateway_url, "cgp_unknown"),
+            await mint(gateway_url, await minted(gateway_url, project)),
+            await mint(gateway_url, project.token, ttl_seconds=0),
+            await client.get("/api/v1/client-tokens", headers={"authorization": f"Bearer {project.token}"}),
+            await client.post("/api/v1/client-tokens", content=b"x" * (65 * 1024), headers=bearer(project.token)),
+        ]
+    assert [refused.status_code for refused in refusals] == [401, 403, 422, 405, 413]
+    for refused in refusals:
+        assert operation["responses"][str(refused.status_code)]["content"]["application/json"]["schema"] == ref(
+            "ErrorOut"
+        )
+        ErrorOut.model_validate(refused.json())
+
+
+def ref(schema: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{schema}"}
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"authorization": f"Bearer {token}"}
 
 
 @pytest.mark.parametrize(

@@ -50,6 +50,15 @@ class MintRequest(BaseModel):
     origins: Origins | None = None
 
 
+class MintedToken(BaseModel):
+    """The answer to a mint (201): the token, and when it stops being accepted."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    token: Annotated[str, Field(description="the client token, `cgc_…`: give it to the page or app")]
+    expires_at: Annotated[datetime, Field(description="its end, in UTC, to the millisecond")]
+
+
 class ClientTokenMinter:
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
