@@ -122,11 +122,31 @@ async def upstream() -> AsyncIterator[Upstream]:
         yield running
 
 
+class _Server(uvicorn.Server):
+    """uvicorn's server, stopped at once: its main loop looks at `should_exit` every 0.1 s, and its shutdown gives
+    open connections 0.1 s before it waits for them; about 150 ms a test, when no connection or request is left."""
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self.stop = asyncio.Event()
+
+    async def main_loop(self) -> None:
+        await self.stop.wait()
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        if self.server_state.connections or self.server_state.tasks:
+            await super().shutdown(sockets)
+            return
+        for server in self.servers:
+            server.close()
+        await self.lifespan.shutdown()
+
+
 @asynccontextmanager
 async def serving(app: Gateway, settings: Settings | None = None) -> AsyncIterator[str]:
     """An ASGI app under uvicorn, as `credgate serve` runs it, on a free port of this event loop."""
     port = free_port()
-    server = uvicorn.Server(server_config(app, settings or Settings(), port=port, lifespan="on"))
+    server = _Server(server_config(app, settings or Settings(), port=port, lifespan="on"))
     task = asyncio.create_task(server.serve())
     while not server.started:
         if task.done():
@@ -135,7 +155,7 @@ async def serving(app: Gateway, settings: Settings | None = None) -> AsyncIterat
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
-        server.should_exit = True
+        server.stop.set()
         await task
 
 
