@@ -3,6 +3,7 @@ bounded in number, and never closed under a response in flight."""
 
 import asyncio
 import socket
+import ssl
 from collections.abc import AsyncIterator
 
 import aiohttp
@@ -44,6 +45,17 @@ async def test_an_integration_without_exceptions_gets_the_shared_public_only_ses
 ) -> None:
     assert registry.session_for(NO_PRIVATE_NETWORKS) is default
     assert registry.exception_sessions == 0
+
+
+async def test_every_session_verifies_tls_with_the_one_context_of_the_process(
+    registry: Upstreams, default: aiohttp.ClientSession
+) -> None:
+    contexts = {id(session.connector._ssl) for session in (default, registry.session_for(VPC))}  # type: ignore[union-attr]
+    assert len(contexts) == 1  # no session loads the CA certificates again (40 ms of the loop each)
+    context = default.connector._ssl  # type: ignore[union-attr]
+    assert isinstance(context, ssl.SSLContext)
+    assert (context.verify_mode, context.check_hostname) == (ssl.CERT_REQUIRED, True)
+    assert not context.keylog_filename  # SSLKEYLOGFILE is not read
 
 
 async def test_each_distinct_list_gets_a_session_of_its_own_whose_resolver_admits_that_list(

@@ -42,9 +42,13 @@ class _FramingAwareResponseHandler(ResponseHandler):
         super().set_exception(exc, exc_cause)
 
 
+@functools.cache
 def _tls_context() -> ssl.SSLContext:
     """Verified TLS, built without the environment: Python's default context would write every session secret
-    (and with it the provider keys on the wire) to a file named by SSLKEYLOGFILE."""
+    (and with it the provider keys on the wire) to a file named by SSLKEYLOGFILE.
+
+    One per process, shared by every session: loading the system's CA certificates takes about 40 ms of the event
+    loop, and a session for an integration's private networks is opened on the request path."""
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # hostname checks and certificate verification on
     context.load_default_certs()
     return context
