@@ -167,6 +167,11 @@ async def gateway_url(settings: Settings, ctx: Context) -> AsyncIterator[str]:
         yield url
 
 
+def bearer(token: str) -> dict[str, str]:
+    """A request's Authorization header with `token`."""
+    return {"Authorization": f"Bearer {token}"}
+
+
 @dataclass
 class Project:
     id: str

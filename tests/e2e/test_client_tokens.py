@@ -18,7 +18,7 @@ from credgate.proxy.minting import MintedToken
 from credgate.services import budgets, master_keys, projects, usage
 from credgate.services.context import Context
 from credgate.services.projects import ProjectChanges
-from tests.e2e.conftest import Project, add_project
+from tests.e2e.conftest import Project, add_project, bearer
 from tests.upstream import Upstream
 
 CHAT: Mapping[str, object] = {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}
@@ -226,10 +226,6 @@ async def test_the_admin_apis_openapi_document_describes_the_mint_as_it_answers(
 
 def ref(schema: str) -> dict[str, str]:
     return {"$ref": f"#/components/schemas/{schema}"}
-
-
-def bearer(token: str) -> dict[str, str]:
-    return {"authorization": f"Bearer {token}"}
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,7 @@ from credgate.services import integrations, projects
 from credgate.services.context import Context, utcnow
 from credgate.services.integrations import IntegrationChanges
 from credgate.services.projects import ProjectChanges
-from tests.e2e.conftest import Project, add_custom, add_project, free_port
+from tests.e2e.conftest import Project, add_custom, add_project, bearer, free_port
 from tests.upstream import QUOTA_ERROR, Upstream
 
 LIMIT = 1024  # bytes: this module's request body limit
@@ -34,10 +34,6 @@ def settings(database: tuple[str, dict[str, Any]], tmp_path: Path) -> Settings:
 async def http(gateway_url: str) -> AsyncIterator[httpx.AsyncClient]:
     async with httpx.AsyncClient(base_url=gateway_url, timeout=10) as client:
         yield client
-
-
-def bearer(token: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}
 
 
 def assert_service_error(response: httpx.Response, status: int, message: str | None = None) -> None:

@@ -17,15 +17,11 @@ import credgate.runtime
 from credgate.proxy import create_http_session
 from credgate.services import admins
 from credgate.services.context import Context
-from tests.e2e.conftest import Project, add_custom, add_project
+from tests.e2e.conftest import Project, add_custom, add_project, bearer
 from tests.polling import eventually
 from tests.upstream import Upstream
 
 CHAT = {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}
-
-
-def bearer(token: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}
 
 
 @pytest.fixture

@@ -33,8 +33,8 @@ from credgate.services.context import Context, utcnow
 from credgate.services.integrations import IntegrationChanges
 from credgate.specs import AuthSpec, Endpoint
 from tests.admin_ui.test_security import PASSWORD, admin, csrf_of, sign_in  # noqa: F401  (admin: a fixture)
-from tests.e2e.conftest import Project, RunningGateway, add_project
-from tests.e2e.test_proxy_errors import UNAUTHORIZED, assert_service_error, bearer
+from tests.e2e.conftest import Project, RunningGateway, add_project, bearer
+from tests.e2e.test_proxy_errors import UNAUTHORIZED, assert_service_error
 from tests.reliability.test_bad_input import exchange, head
 from tests.reliability.test_faults import (  # noqa: F401  (backend, relayed: fixtures)
     POSTGRES_BEHIND_A_RELAY,

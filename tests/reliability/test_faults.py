@@ -37,6 +37,7 @@ from tests.e2e.conftest import (
     Project,
     add_custom,
     add_project,
+    bearer,
     free_port,
     serving,
     start_gateway,
@@ -62,10 +63,6 @@ LATE = 0.4
 SSE_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
 ENVELOPE_HEADER = "x-credgate-error"
 CHAT = {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}
-
-
-def bearer(token: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}
 
 
 def chunk(data: bytes) -> bytes:

@@ -29,7 +29,7 @@ from credgate.services import integrations, projects
 from credgate.services.bootstrap import open_context
 from credgate.services.context import Context
 from credgate.services.projects import ProjectChanges
-from tests.e2e.conftest import Project, add_custom, add_project, serving, start_gateway, stop_gateway
+from tests.e2e.conftest import Project, add_custom, add_project, bearer, serving, start_gateway, stop_gateway
 from tests.polling import eventually
 from tests.secret_sweep import SWEEP
 from tests.upstream import CatalogueUpstream, Upstream, run_catalogue_upstream
@@ -45,10 +45,6 @@ def settings(database: tuple[str, dict[str, object]], tmp_path: Path) -> Setting
         allow_private_upstreams=True,
         header_timeout_seconds=HEADER_TIMEOUT,
     )
-
-
-def bearer(token: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}
 
 
 def percentile(values: list[float], fraction: float) -> float:

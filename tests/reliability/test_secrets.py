@@ -53,8 +53,8 @@ from credgate.services.context import Context
 from credgate.services.provider_keys import API_KEY_PURPOSE
 from credgate.specs import AuthSpec, BasicAuth, HeaderAuth, QueryAuth
 from tests.admin_ui.test_security import PASSWORD, admin, csrf_of, sign_in  # noqa: F401  (admin: a fixture)
-from tests.e2e.conftest import CREDGATE, Project, add_project, free_port, start_gateway, stop_gateway
-from tests.e2e.test_proxy_errors import assert_service_error, bearer
+from tests.e2e.conftest import CREDGATE, Project, add_project, bearer, free_port, start_gateway, stop_gateway
+from tests.e2e.test_proxy_errors import assert_service_error
 from tests.reliability.test_auth_isolation import (  # noqa: F401  (_quick_password_hashing: an autouse fixture)
     CHAT,
     CHAT_PATH,
