@@ -1,28 +1,25 @@
 """Shared fixtures: every test gets its own database, SQLite always and PostgreSQL when one is configured.
 
 Set CREDGATE_TEST_POSTGRES_URL (e.g. postgresql+asyncpg://postgres@127.0.0.1:5432/test) to run the
-PostgreSQL half; each test then gets a schema of its own. CREDGATE_TEST_REQUIRE_POSTGRES=1 (set by .ci/run)
-turns the skip into a failure, so CI never hides the gap.
+PostgreSQL half; each test then gets a schema of its own (one an earlier test of the process used, emptied, when
+it can). CREDGATE_TEST_REQUIRE_POSTGRES=1 (set by .ci/run) turns the skip into a failure, so CI never hides the gap.
 """
 
 import logging
 import os
-import secrets
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy import text
-from sqlalchemy.ext.asyncio import create_async_engine
 
 from credgate.app import create_app
 from credgate.config import Settings
 from credgate.services import admins
 from credgate.services.bootstrap import open_context
 from credgate.services.context import Context
-from tests.migrated_template import lay_in_migrated_schema
+from tests.migrated_template import PostgresSchemas, lay_in_migrated_schema
 from tests.secret_sweep import SWEEP, SweepHandler
 
 pytest_plugins = ["tests.teardown_guard"]
@@ -63,23 +60,32 @@ def backend(request: pytest.FixtureRequest) -> str:
 ONE_DATABASE = pytest.mark.parametrize("backend", ["sqlite"])
 
 
+@pytest.fixture(scope="session")
+def postgres_schemas() -> Iterator[PostgresSchemas | None]:
+    if not POSTGRES_URL:
+        yield None
+        return
+    schemas = PostgresSchemas(POSTGRES_URL)
+    yield schemas
+    schemas.close()
+
+
 @pytest.fixture
-async def database(backend: str, tmp_path: Path) -> AsyncIterator[tuple[str, dict[str, Any]]]:
-    """A database URL and connect arguments private to this test."""
+async def database(
+    backend: str, tmp_path: Path, request: pytest.FixtureRequest, postgres_schemas: PostgresSchemas | None
+) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+    """A database URL and connect arguments private to this test. For a test that opens `ctx` a PostgreSQL schema
+    comes with the migrated template in (`ctx` lays it into a SQLite file itself); otherwise it is empty."""
     if backend == "sqlite":
         yield f"sqlite+aiosqlite:///{tmp_path / 'credgate.db'}", {}
         return
     assert POSTGRES_URL is not None
-    schema = f"credgate_test_{secrets.token_hex(6)}"
-    admin = create_async_engine(POSTGRES_URL)
-    async with admin.begin() as connection:
-        await connection.execute(text(f'CREATE SCHEMA "{schema}"'))
+    assert postgres_schemas is not None
+    schema = await postgres_schemas.take(migrated="ctx" in request.fixturenames)
     try:
         yield POSTGRES_URL, {"server_settings": {"search_path": schema}}
     finally:
-        async with admin.begin() as connection:
-            await connection.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
-        await admin.dispose()
+        await postgres_schemas.give_back(schema)
 
 
 @pytest.fixture
@@ -90,7 +96,8 @@ def settings(database: tuple[str, dict[str, Any]], tmp_path: Path) -> Settings:
 
 @pytest.fixture
 async def ctx(settings: Settings, database: tuple[str, dict[str, Any]]) -> AsyncIterator[Context]:
-    await lay_in_migrated_schema(*database)  # the migrations' result without running them per test
+    if database[0].startswith("sqlite"):  # a PostgreSQL `database` has it already
+        await lay_in_migrated_schema(*database)  # the migrations' result without running them per test
     context = await open_context(settings, connect_args=database[1])
     try:
         yield context
