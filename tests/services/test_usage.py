@@ -4,6 +4,7 @@ import asyncio
 import contextlib
 import gzip
 import json
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -12,6 +13,7 @@ from prometheus_client import REGISTRY
 from credgate.services import projects, usage
 from credgate.services.context import Context
 from credgate.services.usage import ProxiedRequest, UsageRecorder, extract_tokens
+from credgate.storage.repository import Repository
 from tests.polling import eventually
 
 
@@ -67,6 +69,34 @@ async def test_flush_writes_and_prune_forgets_old_requests(ctx: Context) -> None
     await recorder.prune()
     kept = await usage.list_request_records(ctx, project_id=project.id)
     assert [(record.prompt_tokens, record.completion_tokens) for record in kept] == [(4, 1)]
+
+
+async def test_a_flush_under_way_when_the_recorder_stops_still_writes_its_batch(
+    ctx: Context, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A gateway stopping (SIGTERM, a restart) cancels the recorder: the batch a flush has already taken must
+    still reach the request log, or a restart would forget requests (and the budgets they spent)."""
+    project, _ = await projects.create_project(ctx, name="p", actor="t")
+    writing, release = asyncio.Event(), asyncio.Event()
+    insert = Repository.insert_request_records
+
+    async def slow_insert(repo: Repository, rows: Sequence[Mapping[str, object]]) -> None:
+        writing.set()
+        await release.wait()
+        await insert(repo, rows)
+
+    monkeypatch.setattr(Repository, "insert_request_records", slow_insert)
+    recorder = UsageRecorder(ctx, flush_seconds=0.01)
+    for _ in range(2):
+        recorder.record(proxied(project.id, datetime.now(UTC)))
+    running = asyncio.create_task(recorder.run())
+    await writing.wait()
+    running.cancel()
+    await asyncio.sleep(0.05)
+    release.set()
+    with contextlib.suppress(asyncio.CancelledError):
+        await running
+    assert len(await usage.list_request_records(ctx, project_id=project.id)) == 2
 
 
 async def test_every_field_is_stored_as_recorded_whatever_its_characters(ctx: Context) -> None:

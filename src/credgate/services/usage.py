@@ -270,16 +270,24 @@ class UsageRecorder:
             self._batch_ready.set()
 
     async def run(self) -> None:
-        """Flush until cancelled; a final flush happens on cancellation."""
+        """Flush until cancelled; then the flush under way ends, and a last one writes what is left. A flush is
+        never cancelled midway: it has taken its batch from the queue, and its transaction would be rolled back."""
+        flushing: asyncio.Future[None] | None = None
         try:
             while True:
                 await self._next_batch()
-                await self.flush()
+                flushing = asyncio.ensure_future(self.flush())
+                await asyncio.shield(flushing)
                 if time.monotonic() >= self._next_prune:
                     self._next_prune = time.monotonic() + _PRUNE_INTERVAL_SECONDS
                     await self.prune()
         finally:
-            await asyncio.shield(self.flush())
+            await asyncio.shield(self._last_flush(flushing))
+
+    async def _last_flush(self, under_way: asyncio.Future[None] | None) -> None:
+        if under_way is not None:
+            await under_way
+        await self.flush()
 
     async def _next_batch(self) -> None:
         """Until `flush_seconds` have passed, or a batch's worth is pending, if sooner."""
