@@ -1,7 +1,7 @@
 """A freshly migrated database, made once per test process and laid into each test's own empty database.
 
 Running the Alembic migrations costs about half a second per test on SQLite and a second or more on PostgreSQL,
-and most tests only need the schema they leave. So the `ctx` fixture lays the schema in from a template instead:
+and most tests only need the schema they leave. So a test that opens `ctx` gets it laid in from a template instead:
 
 - SQLite: the bytes of a database file the migrations just made, written into the test's (still absent) file.
 - PostgreSQL: the statements the migrations executed (recorded once, reads left out) replayed in the test's own
