@@ -117,6 +117,7 @@ class Runtime:
                 task.cancel()
             # Whatever a task ended with, the rest of the shutdown runs (a failure was logged where it happened).
             await asyncio.gather(*tasks, return_exceptions=True)
+            await proxy.key_pools.aclose()  # before the database and Redis it writes to close
             if tracing is not None:  # after the recorder's last flush, which ends the spans that waited for tokens
                 await asyncio.to_thread(tracing.shutdown)
             for limiter in (shared, subject_shared):

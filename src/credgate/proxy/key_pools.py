@@ -111,6 +111,11 @@ class KeyPools:
         if seconds > 0:
             self._rest(key_id, max(self._resting.get(key_id, 0.0), self._clock() + seconds))
 
+    async def aclose(self) -> None:
+        """Finish the recordings and announcements under way (shutting down): a key the provider refused just
+        before a stop stays out of service after it."""
+        await asyncio.gather(*self._background, return_exceptions=True)
+
     def _in_background(self, work: Awaitable[None]) -> None:
         task = asyncio.ensure_future(work)
         self._background.add(task)
