@@ -15,11 +15,11 @@ from credgate.config import Settings
 from credgate.services import admins, integrations
 from credgate.services.context import Context
 from credgate.services.panel_state import STATE_TTL
-from credgate.storage.models import AdminSession, Base
+from credgate.storage.models import AdminSession
 from tests.admin_ui.test_pages import shown_token
 from tests.admin_ui.test_security import PASSWORD, csrf_of
 from tests.secret_sweep import SWEEP, exposed
-from tests.services.helpers import DatabaseFixture, opened
+from tests.services.helpers import DatabaseFixture, every_row, opened
 
 KEY = "sk-test-panel-balanced-key-0000mnop"
 
@@ -69,10 +69,7 @@ async def balanced(ctx: Context, other: Context, settings: Settings) -> AsyncIte
 async def stored_state(ctx: Context, settings: Settings) -> bytes:
     """Every row of every table, and on SQLite the database's files as they are on disk."""
     async with ctx.database.engine.connect() as connection:
-        rows = [
-            repr(tuple(row)) for table in Base.metadata.sorted_tables for row in await connection.execute(select(table))
-        ]
-    data = "\n".join(rows).encode()
+        data = "\n".join(await every_row(connection)).encode()
     if ctx.database.file is not None:
         for path in (ctx.database.file, Path(f"{ctx.database.file}-wal")):
             data += path.read_bytes() if path.exists() else b""

@@ -4,9 +4,13 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncConnection
+
 from credgate.config import Settings
 from credgate.services.bootstrap import open_context
 from credgate.services.context import Context
+from credgate.storage.models import Base
 
 DatabaseFixture = tuple[str, dict[str, Any]]  # the `database` fixture: URL and connect args
 
@@ -19,3 +23,11 @@ async def opened(settings: Settings, database: DatabaseFixture) -> AsyncIterator
         yield other
     finally:
         await other.database.dispose()
+
+
+async def every_row(connection: AsyncConnection) -> list[str]:
+    """Every row of every table, as text, sorted: to compare what a database holds, or to search it."""
+    rows = [
+        repr(tuple(row)) for table in Base.metadata.sorted_tables for row in await connection.execute(select(table))
+    ]
+    return sorted(rows)

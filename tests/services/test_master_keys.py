@@ -19,9 +19,9 @@ from credgate.services.bootstrap import open_context
 from credgate.services.context import Context
 from credgate.services.master_keys import rotate_master_key
 from credgate.services.provider_keys import API_KEY_PURPOSE, seal_provider_key
-from credgate.storage.models import Base, Integration, ProviderKey
+from credgate.storage.models import Integration, ProviderKey
 from tests.secret_sweep import SWEEP
-from tests.services.helpers import DatabaseFixture, opened
+from tests.services.helpers import DatabaseFixture, every_row, opened
 
 KEYS = ["sk-test-masterkeysmasterkeys01", "sk-test-masterkeysmasterkeys02", "sk-test-masterkeysmasterkeys03"]
 NEW_KEY = "sk-test-setduringrotation0004"
@@ -63,10 +63,7 @@ async def stored_keys(ctx: Context) -> list[tuple[str, str, bytes | None, str | 
 
 async def all_rows(ctx: Context) -> list[str]:
     async with ctx.database.engine.connect() as connection:
-        rows = [
-            repr(tuple(row)) for table in Base.metadata.sorted_tables for row in await connection.execute(select(table))
-        ]
-    return sorted(rows)
+        return await every_row(connection)
 
 
 def sqlite_files(settings: Settings) -> list[Path]:

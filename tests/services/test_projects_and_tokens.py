@@ -15,6 +15,7 @@ from credgate.services.projects import ProjectChanges
 from credgate.specs import IdentityProviderSpec
 from credgate.storage.models import Base, Integration, ProjectToken, ProviderKey
 from tests.secret_sweep import SWEEP
+from tests.services.helpers import every_row
 
 KEY = "sk-test-projectsprojects1234"
 
@@ -61,9 +62,7 @@ async def test_only_the_sha256_of_a_token_is_stored(ctx: Context) -> None:
     project_id, token = await new_project(ctx)
     rotated = await rotate(ctx, project_id, grace=60)
     async with ctx.database.engine.connect() as connection:
-        rows = [
-            repr(tuple(row)) for table in Base.metadata.sorted_tables for row in await connection.execute(select(table))
-        ]
+        rows = await every_row(connection)
         hashes = set((await connection.execute(select(ProjectToken.token_hash))).scalars())
     assert hashes == {hash_token(token), hash_token(rotated)}
     assert not [row for row in rows if token[4:] in row or rotated[4:] in row]
