@@ -222,16 +222,26 @@ def test_a_number_out_of_range_exits_2_naming_the_option(credgate: Any, command:
             assert value not in result.output
 
 
-def test_the_stream_idle_timeout_is_set_and_shown(credgate: Any) -> None:
+def test_the_stream_idle_and_total_timeouts_are_set_and_shown(credgate: Any) -> None:
     project = project_id(credgate)
     credgate(
         "integrations", "add", project, "acme", "--base-url", "https://api.acme.test", "--api-key-stdin", stdin=KEY
     )
-    assert json.loads(credgate("integrations", "show", project, "acme").output)["stream_idle_timeout_seconds"] == 300
+    shown = json.loads(credgate("integrations", "show", project, "acme").output)
+    assert (shown["stream_idle_timeout_seconds"], shown["total_timeout_seconds"]) == (300, 3600)
     result = credgate("integrations", "update", project, "acme", "--stream-idle-timeout", "12.5")
     assert result.exit_code == 0, result.output
+    result = credgate("integrations", "update", project, "acme", "--total-timeout", "7200")
+    assert result.exit_code == 0, result.output
     shown = json.loads(credgate("integrations", "show", project, "acme").output)
-    assert (shown["stream_idle_timeout_seconds"], shown["timeout_seconds"]) == (12.5, 600)
+    assert (shown["stream_idle_timeout_seconds"], shown["timeout_seconds"], shown["total_timeout_seconds"]) == (
+        12.5,
+        600,
+        7200,
+    )
+    refused = credgate("integrations", "update", project, "acme", "--total-timeout", "86401")
+    assert refused.exit_code == 2
+    assert "--total-timeout" in refused.output
 
 
 def test_a_name_out_of_its_limits_exits_2_and_names_the_field(credgate: Any) -> None:

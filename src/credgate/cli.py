@@ -56,6 +56,7 @@ from credgate.limits import (
     RateLimitPerMinute,
     StreamIdleTimeoutSeconds,
     TimeoutSeconds,
+    TotalTimeoutSeconds,
     UsageDays,
     describe,
     parse_float,
@@ -673,6 +674,10 @@ def integrations_add(
     "--stream-idle-timeout",
     **_limited(StreamIdleTimeoutSeconds, "Cut off a started response silent for this many seconds", whole=False),
 )
+@click.option(
+    "--total-timeout",
+    **_limited(TotalTimeoutSeconds, "End a request still under way after this many seconds", whole=False),
+)
 @click.option("--header", "headers", multiple=True, help="NAME=VALUE; replaces all default headers.")
 @click.option("--query", "query", multiple=True, help="NAME=VALUE; replaces all default query parameters.")
 @click.option(
@@ -689,6 +694,7 @@ def integrations_update(
     enable: bool | None,
     timeout_seconds: float | None,
     stream_idle_timeout: float | None,
+    total_timeout: float | None,
     headers: tuple[str, ...],
     query: tuple[str, ...],
     private_networks: tuple[str, ...],
@@ -703,6 +709,7 @@ def integrations_update(
         "enabled": enable,
         "timeout_seconds": timeout_seconds,
         "stream_idle_timeout_seconds": stream_idle_timeout,
+        "total_timeout_seconds": total_timeout,
         "headers": _parse_pairs("--header", headers),
         "query": _parse_pairs("--query", query),
         "private_networks": [] if no_private_networks else list(private_networks) or None,

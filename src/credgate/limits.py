@@ -17,6 +17,7 @@ from credgate.errors import InvalidInput
 T = TypeVar("T")
 
 MAX_TIMEOUT_SECONDS = 3600
+MAX_TOTAL_TIMEOUT_SECONDS = 86400  # a day: long enough for any stream a client would wait for
 MAX_GRACE = timedelta(days=30)
 MAX_TOKEN_LIFETIME = timedelta(days=3650)
 MAX_USAGE_WINDOW = timedelta(days=3650)
@@ -68,6 +69,7 @@ def _check_moment(moment: datetime) -> datetime:
 # Numbers. Whole numbers of seconds where a second is fine enough; timeouts may be fractions.
 TimeoutSeconds = Annotated[float, Field(gt=0, le=MAX_TIMEOUT_SECONDS, allow_inf_nan=False)]
 StreamIdleTimeoutSeconds = Annotated[float, Field(gt=0, le=MAX_TIMEOUT_SECONDS, allow_inf_nan=False)]
+TotalTimeoutSeconds = Annotated[float, Field(gt=0, le=MAX_TOTAL_TIMEOUT_SECONDS, allow_inf_nan=False)]
 GraceSeconds = Annotated[int, Field(ge=0, le=int(MAX_GRACE.total_seconds()))]
 ExpiresInSeconds = Annotated[int, Field(ge=1, le=int(MAX_TOKEN_LIFETIME.total_seconds()))]
 ExpiresInDays = Annotated[int, Field(ge=1, le=MAX_TOKEN_LIFETIME.days)]  # the panel's and `--days` unit

@@ -40,6 +40,7 @@ class ResolvedIntegration:
     enabled: bool
     timeout_seconds: float
     stream_idle_timeout_seconds: float  # a started response that sends nothing this long is cut off
+    total_timeout_seconds: float  # a request still under way this long after it arrived is ended (504 or cut off)
     credential: Secret | None  # the first key in service: what a pool of one, and key verification, use
     # The admin's exceptions to the SSRF guard for this integration alone (README, Security).
     private_networks: PrivateNetworks = NO_PRIVATE_NETWORKS

@@ -17,8 +17,8 @@ CHAT, IMAGES = "openai-chat-completions", "openai-image-generations"
 OPENAI = "https://api.openai.com/v1"
 INTEGRATION_KEYS = {
     "provider", "base_url", "auth", "templates", "endpoints", "headers", "query",
-    "enabled", "timeout_seconds", "stream_idle_timeout_seconds", "private_networks", "key", "keys", "key_strategy",
-    "prices",
+    "enabled", "timeout_seconds", "stream_idle_timeout_seconds", "total_timeout_seconds", "private_networks", "key",
+    "keys", "key_strategy", "prices",
     "created_at", "updated_at",
 }  # fmt: skip
 
@@ -74,7 +74,7 @@ async def test_template_integration(client: httpx.AsyncClient) -> None:
     expected = {
         "provider": "openai", "base_url": OPENAI, "auth": {"method": "bearer"}, "templates": [CHAT],
         "endpoints": [{"method": "POST", "path": "chat/completions"}], "enabled": True, "timeout_seconds": 600,
-        "stream_idle_timeout_seconds": 300, "private_networks": [],
+        "stream_idle_timeout_seconds": 300, "total_timeout_seconds": 3600, "private_networks": [],
     }  # fmt: skip
     assert {name: integration[name] for name in expected} == expected
     assert (integration["key"]["status"], integration["key"]["hint"]) == ("active", "…uvwx")
@@ -358,6 +358,8 @@ async def test_invalid_key_is_422(client: httpx.AsyncClient, body: dict[str, Any
         {"timeout_seconds": 2.5},
         {"stream_idle_timeout_seconds": 12.5},
         {"stream_idle_timeout_seconds": 3600},
+        {"total_timeout_seconds": 0.5},
+        {"total_timeout_seconds": 86400},
     ],
 )
 async def test_patch_changes_only_the_fields_given(client: httpx.AsyncClient, change: dict[str, Any]) -> None:
@@ -404,6 +406,9 @@ async def test_patch_enabled_back_on(client: httpx.AsyncClient) -> None:
         {"timeout_seconds": "30"},
         {"stream_idle_timeout_seconds": 0},
         {"stream_idle_timeout_seconds": 3601},
+        {"total_timeout_seconds": 0},
+        {"total_timeout_seconds": 86401},
+        {"total_timeout_seconds": "NaN"},
         {"provider": "renamed"},
     ],
 )

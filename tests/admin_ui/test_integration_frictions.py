@@ -110,7 +110,8 @@ async def test_a_private_base_url_is_refused_in_the_form_before_the_review_and_a
 
 def settings_form(csrf: str, **fields: str) -> dict[str, str]:
     form = {"csrf": csrf, "enabled": "on", "base_url": "https://api.openai.com/v1", "timeout_seconds": "600"}
-    return form | {"stream_idle_timeout_seconds": "300", "headers": "", "query": "", "private_networks": ""} | fields
+    timeouts = {"stream_idle_timeout_seconds": "300", "total_timeout_seconds": "3600"}
+    return form | timeouts | {"headers": "", "query": "", "private_networks": ""} | fields
 
 
 async def test_settings_refuse_a_private_base_url_in_the_page_keeping_what_was_typed(

@@ -45,6 +45,7 @@ async def test_settings_disable_the_integration_and_set_defaults(
         "base_url": "https://api.openai.com/v1",
         "timeout_seconds": "30",
         "stream_idle_timeout_seconds": "12.5",
+        "total_timeout_seconds": "900",
         "headers": "OpenAI-Organization: org-1\n",
         "query": "api-version=2024-06-01\n",
     }
@@ -52,7 +53,7 @@ async def test_settings_disable_the_integration_and_set_defaults(
     assert response.status_code == 303
     integration = await integrations.get_integration(ctx, project_id=project_id, provider="openai")
     assert (integration.enabled, integration.timeout_seconds) == (False, 30.0)
-    assert integration.stream_idle_timeout_seconds == 12.5
+    assert (integration.stream_idle_timeout_seconds, integration.total_timeout_seconds) == (12.5, 900)
     assert (integration.headers, integration.query) == ({"OpenAI-Organization": "org-1"}, {"api-version": "2024-06-01"})
 
 
@@ -65,6 +66,7 @@ async def test_invalid_input_is_told_next_to_its_field_and_changes_nothing(
         "base_url": "ftp://nope",
         "timeout_seconds": "-1",
         "stream_idle_timeout_seconds": "300",
+        "total_timeout_seconds": "3600",
         "enabled": "on",
         "headers": "",
         "query": "",
@@ -137,6 +139,7 @@ NOT_IN_RANGE = [str(2**64), str(2**70), "-1", "1e400", "nan", "inf", "ten"]
     [
         ("timeout_seconds", "Must be a number above 0, at most 3600."),
         ("stream_idle_timeout_seconds", "Must be a number above 0, at most 3600."),
+        ("total_timeout_seconds", "Must be a number above 0, at most 86400."),
     ],
 )
 async def test_an_integration_timeout_out_of_range_is_told_next_to_its_field(
@@ -144,13 +147,14 @@ async def test_an_integration_timeout_out_of_range_is_told_next_to_its_field(
 ) -> None:
     csrf = await signed_in_csrf(client)
     valid = {"csrf": csrf, "base_url": "https://api.openai.com/v1", "enabled": "on", "headers": "", "query": ""}
-    valid |= {"timeout_seconds": "600", "stream_idle_timeout_seconds": "300"}
+    valid |= {"timeout_seconds": "600", "stream_idle_timeout_seconds": "300", "total_timeout_seconds": "3600"}
     for value in NOT_IN_RANGE:
         response = await client.post(f"/admin/projects/{project_id}/integrations/openai", data=valid | {field: value})
         assert response.status_code == 422
         assert field_error(response.text, field) == shown, value
     integration = await integrations.get_integration(ctx, project_id=project_id, provider="openai")
     assert (integration.timeout_seconds, integration.stream_idle_timeout_seconds) == (600, 300)
+    assert integration.total_timeout_seconds == 3600
 
 
 @pytest.mark.parametrize(
@@ -183,6 +187,6 @@ async def test_the_stream_idle_timeout_is_shown_and_saved(
     page = f"/admin/projects/{project_id}/integrations/openai"
     assert 'name="stream_idle_timeout_seconds" value="300.0"' in (await client.get(page)).text
     data = {"csrf": csrf, "base_url": "https://api.openai.com/v1", "timeout_seconds": "600.0"}
-    data |= {"stream_idle_timeout_seconds": "0.25", "headers": "", "query": ""}
+    data |= {"stream_idle_timeout_seconds": "0.25", "total_timeout_seconds": "3600", "headers": "", "query": ""}
     assert (await client.post(page, data=data)).status_code == 303
     assert 'name="stream_idle_timeout_seconds" value="0.25"' in (await client.get(page)).text

@@ -42,6 +42,7 @@ def settings_form(csrf: str, private_networks: str, base_url: str = OLLAMA) -> d
         "base_url": base_url,
         "timeout_seconds": "600",
         "stream_idle_timeout_seconds": "300",
+        "total_timeout_seconds": "3600",
         "headers": "",
         "query": "",
         "private_networks": private_networks,

@@ -22,6 +22,7 @@ POOL = ResolvedIntegration(
     enabled=True,
     timeout_seconds=10,
     stream_idle_timeout_seconds=10,
+    total_timeout_seconds=60,
     credential=Secret("sk-first"),
     keys=(PoolKey("key_aaaa", Secret("sk-first")), PoolKey("key_bbbb", Secret("sk-second"))),
 )

@@ -93,6 +93,7 @@ def vertex(auth: GoogleServiceAccountAuth, key: str) -> ResolvedIntegration:
         enabled=True,
         timeout_seconds=60,
         stream_idle_timeout_seconds=60,
+        total_timeout_seconds=600,
         credential=Secret(key),
     )
 

@@ -38,6 +38,7 @@ def resolved(
         enabled=True,
         timeout_seconds=600.0,
         stream_idle_timeout_seconds=300.0,
+        total_timeout_seconds=3600.0,
         credential=Secret(KEY),
     )
 

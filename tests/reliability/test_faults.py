@@ -257,8 +257,7 @@ def drip_head() -> Iterator[bytes | float]:
 async def test_ft04_a_drip_fed_head_cannot_stretch_the_header_timeout(
     served: Served, ctx: Context, project: Project
 ) -> None:
-    """`timeout_seconds` bounds the whole wait for the response head, not each read. (A body dripped after the
-    head is bounded only by the stream idle timeout, which each byte resets: credgate has no total deadline.)"""
+    """`timeout_seconds` bounds the whole wait for the response head, not each read."""
     async with run_watched_upstream(drip_head()) as dripping:
         await add_custom(ctx, project, "drip", dripping.url, timeout_seconds=0.5)
         started = time.monotonic()
@@ -267,6 +266,44 @@ async def test_ft04_a_drip_fed_head_cannot_stretch_the_header_timeout(
         assert_service_error(response, 504)
         assert 0.5 <= elapsed < 0.5 + LATE
         assert await eventually(lambda: dripping.hang_ups, within=1.0)
+
+
+def drip_body() -> Iterator[bytes | float]:
+    """A stream that never ends: an event every 100 ms, each well within the stream idle timeout."""
+    yield SSE_HEAD
+    for index in itertools.count():
+        yield chunk(b"data: %d\n\n" % index)
+        yield 0.1
+
+
+async def test_ft04_a_body_dripped_after_the_head_is_cut_at_the_total_timeout(
+    served: Served, ctx: Context, project: Project
+) -> None:
+    """The stream idle timeout, which each event resets, cannot end it; the total timeout does, counted from the
+    request's arrival, and the upstream connection closes with it."""
+    async with run_watched_upstream(drip_body()) as dripping:
+        await add_custom(ctx, project, "drip", dripping.url, stream_idle_timeout_seconds=0.5, total_timeout_seconds=1.5)
+        chunks, elapsed = await read_until_cut(f"{served.url}/proxy/drip/v1/chat", project.token)
+        cut = time.monotonic()
+        assert await eventually(lambda: dripping.hang_ups, within=1.0)
+    events = b"".join(chunks).split(b"\n\n")[:-1]
+    assert events == [b"data: %d" % index for index in range(len(events))]  # whole events, nothing made up
+    assert len(events) >= 8
+    assert 1.5 <= elapsed < 1.5 + LATE
+    assert dripping.hang_ups[0] - cut < 1.0
+
+
+async def test_ft04_the_total_timeout_bounds_the_wait_for_the_head_too(
+    served: Served, ctx: Context, project: Project
+) -> None:
+    async with run_watched_upstream([]) as thinking:  # answers after an hour
+        await add_custom(ctx, project, "thinking", thinking.url, timeout_seconds=60, total_timeout_seconds=0.5)
+        started = time.monotonic()
+        response = await served.get("/proxy/thinking/v1/chat", project.token)
+        elapsed = time.monotonic() - started
+        assert_service_error(response, 504)
+        assert 0.5 <= elapsed < 0.5 + LATE
+        assert await eventually(lambda: thinking.hang_ups, within=1.0)
 
 
 async def read_until_cut(url: str, token: str) -> tuple[list[bytes], float]:
@@ -279,6 +316,7 @@ async def read_until_cut(url: str, token: str) -> tuple[list[bytes], float]:
             chunks.append(chunk)
 
     async with (
+        asyncio.timeout(20),  # a response that is never cut fails the test rather than hanging it
         httpx.AsyncClient(timeout=10) as client,
         client.stream("GET", url, headers={"Authorization": f"Bearer {token}"}) as response,
     ):
@@ -961,6 +999,18 @@ async def test_ft17_a_huge_response_body_streams_through_without_growing_the_gat
                     peak = max(peak, rss_kib())
     assert received == 64 * 1024 * 1024
     assert peak - before < 8 * 1024, f"RSS grew by {peak - before} KiB"
+
+
+async def test_ft17_an_endless_stream_read_as_fast_as_it_comes_is_cut_at_the_total_timeout(
+    served: Served, ctx: Context, project: Project
+) -> None:
+    """A response that always has bytes ready, so that the relay never waits for more, is still cut."""
+    async with run_catalogue_upstream() as catalogue:
+        await add_custom(ctx, project, "endless", catalogue.url, total_timeout_seconds=1.0)
+        chunks, elapsed = await read_until_cut(f"{served.url}/proxy/endless/flood?mib=1000000", project.token)
+        assert await eventually(lambda: catalogue.active == 0, within=1.0)
+    assert sum(len(piece) for piece in chunks) > 1024 * 1024
+    assert 1.0 <= elapsed < 1.0 + LATE
 
 
 # FT-18 OAuth token endpoint faults

@@ -22,6 +22,7 @@ from credgate.limits import (
     StreamIdleTimeoutSeconds,
     TemplateId,
     TimeoutSeconds,
+    TotalTimeoutSeconds,
 )
 from credgate.netguard import PrivateNetworkList
 from credgate.services.budgets import BudgetState, limit_of, reserve_of
@@ -228,6 +229,7 @@ class IntegrationPatchIn(In):
     query: QueryMap | None = None
     timeout_seconds: TimeoutSeconds | None = None
     stream_idle_timeout_seconds: StreamIdleTimeoutSeconds | None = None
+    total_timeout_seconds: TotalTimeoutSeconds | None = None
     private_networks: PrivateNetworkList | None = Field(default=None, description=PRIVATE_NETWORKS_HELP)
     key_strategy: KeyStrategy | None = Field(
         default=None, description="how a pool of keys is used: failover (in order) or spread (taking turns)"
@@ -319,6 +321,7 @@ class IntegrationOut(BaseModel):
     enabled: bool
     timeout_seconds: float
     stream_idle_timeout_seconds: float
+    total_timeout_seconds: float
     private_networks: list[str]
     key: KeyOut  # the pool's first key
     keys: list[PoolKeyOut]
@@ -342,6 +345,7 @@ class IntegrationOut(BaseModel):
             enabled=integration.enabled,
             timeout_seconds=integration.timeout_seconds,
             stream_idle_timeout_seconds=integration.stream_idle_timeout_seconds,
+            total_timeout_seconds=integration.total_timeout_seconds,
             private_networks=list(integration.private_networks),
             key=KeyOut(
                 status="active" if active else "revoked",

@@ -101,6 +101,10 @@ UNAUTHORIZED_MESSAGE = "invalid project token or expired authentication"
 # RFC 6750: a 401 names the scheme the client should use.
 
 
+class _PastTotalTimeout(TimeoutError):
+    """The integration's total timeout ran out while the response was being relayed."""
+
+
 def _not_public(provider: str) -> BadGateway:
     # One wording whatever the spelling of the base URL (a literal address or a name), so it tells nothing.
     return BadGateway(f"{provider}'s address is not public; refused (CREDGATE_ALLOW_PRIVATE_UPSTREAMS)")
@@ -529,9 +533,7 @@ class ProxyApp:
             raise BadGateway(f"{integration.provider} could not be reached") from None
         record.request_bytes = body.received
         try:
-            await self._stream_response(
-                response, send, record, watch, plan.query_secrets, integration.stream_idle_timeout_seconds
-            )
+            await self._stream_response(response, send, record, watch, plan.query_secrets, integration)
         except asyncio.CancelledError:
             if not watch.absorb_cancellation():
                 raise
@@ -567,7 +569,8 @@ class ProxyApp:
             url = URL(plan.url, encoded=True)
             if span is not None:
                 span.start_upstream(plan.method, url.host or "", url.port)
-            with self.deadlines.within(integration.timeout_seconds):
+            left = record.started + integration.total_timeout_seconds - time.perf_counter()
+            with self.deadlines.within(min(integration.timeout_seconds, left)):
                 response = await self.upstreams.session_for(integration.private_networks).request(
                     plan.method, url, headers=headers, data=data, allow_redirects=False
                 )
@@ -665,7 +668,7 @@ class ProxyApp:
         record: ProxiedRequest,
         watch: ClientWatch,
         query_secrets: tuple[str, ...],
-        idle_seconds: float,
+        integration: ResolvedIntegration,
     ) -> None:
         head_at = time.perf_counter()
         headers = response_headers(response.raw_headers, secrets=query_secrets)
@@ -680,7 +683,8 @@ class ProxyApp:
         if streaming:
             _STREAMS_OPEN.inc()
         try:
-            await self._relay_body(response, send, record, watch, idle_seconds)
+            ends_at = record.started + integration.total_timeout_seconds
+            await self._relay_body(response, send, record, watch, integration.stream_idle_timeout_seconds, ends_at)
         finally:
             if streaming:
                 _STREAMS_OPEN.dec()
@@ -692,15 +696,25 @@ class ProxyApp:
         record: ProxiedRequest,
         watch: ClientWatch,
         idle_seconds: float,
+        ends_at: float,
     ) -> None:
         content = response.content
         try:
             while True:
-                # What has arrived is sent at once; a timer is armed only to wait for more.
+                # What has arrived is sent at once; a timer is armed only to wait for more, and bounded by what is
+                # left of the total timeout too.
                 chunk = content.read_nowait()
                 if not chunk and not content.is_eof():
-                    async with asyncio.timeout(idle_seconds):
-                        chunk = await content.readany()
+                    left = ends_at - time.perf_counter()
+                    try:
+                        async with asyncio.timeout(min(idle_seconds, left)):
+                            chunk = await content.readany()
+                    except TimeoutError:
+                        if left <= idle_seconds:
+                            raise _PastTotalTimeout from None
+                        raise
+                elif time.perf_counter() >= ends_at:  # a response that never lets the relay wait
+                    raise _PastTotalTimeout
                 done = content.at_eof()
                 watch.finishing = done
                 if chunk:
@@ -708,6 +722,12 @@ class ProxyApp:
                 await send({"type": "http.response.body", "body": chunk, "more_body": not done})
                 if done:
                     return
+        except _PastTotalTimeout:
+            logger.warning(
+                "request %s cut off at its total timeout after %d bytes of response",
+                record.request_id,
+                record.response_bytes,
+            )
         except (aiohttp.ClientError, OSError, TimeoutError) as error:
             # The response has started: it can only be cut short, never ended as if complete.
             logger.warning(

@@ -87,6 +87,7 @@ def resolved_integration(ctx: Context, integration: Integration) -> ResolvedInte
         enabled=integration.enabled,
         timeout_seconds=integration.timeout_seconds,
         stream_idle_timeout_seconds=integration.stream_idle_timeout_seconds,
+        total_timeout_seconds=integration.total_timeout_seconds,
         credential=keys[0].secret if keys else None,
         private_networks=PrivateNetworks.of(integration.private_networks),
         keys=keys,

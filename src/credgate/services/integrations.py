@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 from credgate.catalog import Template
 from credgate.errors import Conflict, InvalidInput, NotFound
-from credgate.limits import MAX_ENDPOINTS, StreamIdleTimeoutSeconds, TimeoutSeconds, within
+from credgate.limits import MAX_ENDPOINTS, StreamIdleTimeoutSeconds, TimeoutSeconds, TotalTimeoutSeconds, within
 from credgate.netguard import PrivateNetworkList, PrivateNetworks, UpstreamRefused, check_upstream_url
 from credgate.paths import rebase_path
 from credgate.services.context import Context, new_id
@@ -32,6 +32,9 @@ from credgate.storage.models import Integration
 
 DEFAULT_TIMEOUT_SECONDS = 600.0
 DEFAULT_STREAM_IDLE_TIMEOUT_SECONDS = 300.0
+# Ends a response that never stops (an endless or drip-fed stream); long enough for a model that thinks for many
+# minutes before it streams its answer.
+DEFAULT_TOTAL_TIMEOUT_SECONDS = 3600.0
 # The audit log's own entry for a change of an integration's exceptions to the SSRF guard, holding the new list.
 PRIVATE_NETWORKS_ACTION = "integration.private_networks"
 # What each setting of IntegrationChanges must be; `auth` arrives as a validated AuthSpec.
@@ -42,6 +45,7 @@ _SETTINGS: dict[str, object] = {
     "query": QueryMap,
     "timeout_seconds": TimeoutSeconds,
     "stream_idle_timeout_seconds": StreamIdleTimeoutSeconds,
+    "total_timeout_seconds": TotalTimeoutSeconds,
     "key_strategy": KeyStrategy,
 }
 
@@ -57,6 +61,7 @@ class IntegrationChanges:
     query: dict[str, str] | None = None
     timeout_seconds: float | None = None
     stream_idle_timeout_seconds: float | None = None
+    total_timeout_seconds: float | None = None
     private_networks: list[str] | None = None  # replaces the list; [] removes every exception
     key_strategy: KeyStrategy | None = None
 
@@ -259,6 +264,7 @@ def _new_integration(
         enabled=True,
         timeout_seconds=DEFAULT_TIMEOUT_SECONDS,
         stream_idle_timeout_seconds=DEFAULT_STREAM_IDLE_TIMEOUT_SECONDS,
+        total_timeout_seconds=DEFAULT_TOTAL_TIMEOUT_SECONDS,
         private_networks=private_networks,
         created_at=now,
         updated_at=now,

@@ -147,6 +147,8 @@ class Integration(Base):
     timeout_seconds: Mapped[float]
     # How long a started response may send nothing before it is cut off; rows older than the setting got 300.
     stream_idle_timeout_seconds: Mapped[float] = mapped_column(server_default=text("300"))
+    # How long a request may take in all, its response included; rows older than the setting got 3600.
+    total_timeout_seconds: Mapped[float] = mapped_column(server_default=text("3600"))
     # The admin's exceptions to the SSRF guard for this integration alone: normalised networks and host names.
     private_networks: Mapped[list[Any]] = mapped_column(default=list)
     # How a pool of keys is used: "failover" (in order, the next when one is out) or "spread" (taking turns).
