@@ -71,7 +71,10 @@ def main() -> None:
         load = ["wrk", "-t1", f"-c{options.connections}", f"-d{options.duration + 3}s", "-s", str(script), url]
         wrk = subprocess.Popen(pinned(LOAD_CORE, load), stdout=subprocess.PIPE, text=True)
         raw = work / "stacks.txt"
+        # Without pausing the process: a paused thread stops where a system call returns, so a blocking sample
+        # lands on every os.getpid() or socket write far more often than the time spent there.
         record = [py_spy, "record", "--pid", str(gateway.pid), "--duration", str(options.duration), "--rate", "200"]
+        record.append("--nonblocking")
         if not options.all_threads:
             record.append("--gil")  # what holds the interpreter is what one worker's throughput is made of
         subprocess.run(pinned(LOAD_CORE, [*record, "--format", "raw", "--output", str(raw)]), check=True)
