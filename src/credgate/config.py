@@ -43,6 +43,9 @@ class Settings(BaseSettings):
     header_timeout_seconds: float = Field(default=10.0, gt=0, le=3600)
     # How long a client may pause while sending its request body before it gets 408.
     client_body_timeout_seconds: float = Field(default=60.0, gt=0)
+    # How long a response may wait for a client to make room for more of it (one that stopped reading) before the
+    # connection is closed; as nginx's send_timeout.
+    send_timeout_seconds: float = Field(default=60.0, gt=0, le=3600)
     # How often an instance looks for changes made by other instances or the CLI (at most a second: README).
     change_poll_seconds: float = Field(default=0.5, gt=0, le=1)
     # On SIGTERM: stop accepting, let requests and streams in flight finish for at most this long, exit 0.

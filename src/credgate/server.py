@@ -3,7 +3,9 @@
 uvicorn's httptools protocol reads a request line and headers of any size, and waits for them forever. Here the
 head is bounded where its bytes arrive, before the parser buffers them: over `max_header_bytes` or
 `MAX_HEADER_COUNT` headers the client gets 431; a head not complete within `head_timeout_seconds` gets 408. In
-both cases the connection closes, so memory per connection stays bounded whatever a client sends.
+both cases the connection closes, so memory per connection stays bounded whatever a client sends. The other way,
+a client that stops reading holds its response (and, through flow control, the upstream's) for at most
+`send_timeout_seconds`, then its connection is closed.
 
 With `workers` above 1, the parent binds the socket and uvicorn's supervisor runs that many worker processes on
 it (see `run_workers`): each runs the whole gateway, attached to the database the parent checked and migrated.
@@ -59,10 +61,12 @@ class _HeadRefused(Exception):
 
 
 class BoundedHttpProtocol(HttpToolsProtocol):
-    """HttpToolsProtocol that counts the bytes and headers of each request head as they arrive."""
+    """HttpToolsProtocol that counts the bytes and headers of each request head as they arrive, and closes a
+    connection whose client takes none of its response for `send_timeout_seconds`."""
 
     max_header_bytes = 65536
     head_timeout_seconds = 10.0
+    send_timeout_seconds = 60.0
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -71,6 +75,7 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         self._refusal: _HeadRefused | None = None
         self._discarding = False
         self._head_timer: asyncio.TimerHandle | None = None
+        self._send_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -78,7 +83,33 @@ class BoundedHttpProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_head_timer()
+        self._stop_send_timer()
         super().connection_lost(exc)
+
+    # The transport pauses the writer while more than its high-water mark (64 KiB) waits for the client, and
+    # resumes it once the client has taken enough; a timer runs only while paused, so it costs nothing otherwise.
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._send_timer is None:
+            self._send_timer = self.loop.call_later(self.send_timeout_seconds, self._send_timed_out)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self._stop_send_timer()
+
+    def _stop_send_timer(self) -> None:
+        if self._send_timer is not None:
+            self._send_timer.cancel()
+            self._send_timer = None
+
+    def _send_timed_out(self) -> None:
+        self._send_timer = None
+        logger.warning(
+            "closed the connection of %s: it took none of its response for %g s",
+            _peer(self.client),
+            self.send_timeout_seconds,
+        )
+        self.transport.abort()  # what waits in the buffer will never be read: drop it, and the request ends
 
     def data_received(self, data: bytes) -> None:
         if self._discarding:
@@ -203,7 +234,11 @@ def _options(settings: Settings) -> dict[str, Any]:
     protocol = type(
         "GatewayHttpProtocol",
         (BoundedHttpProtocol,),
-        {"max_header_bytes": settings.max_header_bytes, "head_timeout_seconds": settings.header_timeout_seconds},
+        {
+            "max_header_bytes": settings.max_header_bytes,
+            "head_timeout_seconds": settings.header_timeout_seconds,
+            "send_timeout_seconds": settings.send_timeout_seconds,
+        },
     )
     return {
         "host": settings.host,

@@ -449,24 +449,62 @@ def rss_kib() -> int:
     return int(next(line for line in status.splitlines() if line.startswith("VmRSS:")).split()[1])
 
 
-async def test_ft09_a_client_that_stops_reading_stops_the_upstream_and_the_gateway_holds_little(
-    served: Served, ctx: Context, project: Project
+SEND_TIMEOUT = 2.0
+
+
+@pytest.fixture
+async def impatient(settings: Settings, ctx: Context) -> AsyncIterator[Served]:
+    """The gateway with `CREDGATE_SEND_TIMEOUT_SECONDS` scaled down."""
+    settings = settings.model_copy(update={"send_timeout_seconds": SEND_TIMEOUT})
+    app = create_app(settings, context=ctx)
+    async with serving(app, settings) as url, httpx.AsyncClient(timeout=30) as http:
+        yield Served(app, url, http)
+
+
+async def test_ft09_a_client_that_stops_reading_holds_little_and_is_closed_at_the_send_timeout(
+    impatient: Served, ctx: Context, project: Project
 ) -> None:
-    """Flow control reaches the upstream: it stops writing, and memory does not grow by what it could send.
-    (No write-idle timeout ends such a stream: the client holds it until it leaves.)"""
+    """Flow control reaches the upstream: it stops writing, and memory does not grow by what it could send. At the
+    send timeout the gateway closes the client's connection, and the upstream's with it."""
     async with run_catalogue_upstream() as catalogue:
         await add_custom(ctx, project, "flood", catalogue.url)
-        assert (await served.get("/proxy/flood/flood?mib=4", project.token)).status_code == 200  # warm
+        assert (await impatient.get("/proxy/flood/flood?mib=4", project.token)).status_code == 200  # warm
         before, catalogue.flooded = rss_kib(), 0
         head = f"GET /proxy/flood/flood?mib=512 HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer {project.token}\r\n\r\n"
-        _reader, writer, answered = await raw_request(served.url, head)
+        asked = time.monotonic()
+        reader, writer, answered = await raw_request(impatient.url, head)
         assert answered.startswith(b"HTTP/1.1 200 ")
-        held = await settled(lambda: catalogue.flooded)  # the client reads nothing more
+        held = await settled(lambda: catalogue.flooded, quiet=0.3)  # the client reads nothing more
         growth = rss_kib() - before
-        writer.transport.abort()
-        assert await eventually(lambda: catalogue.active == 0, within=1.0)  # the upstream released
+        assert catalogue.active == 1, "the stream ended before the send timeout"
+        assert await eventually(lambda: catalogue.active == 0, within=SEND_TIMEOUT + LATE + 1.0)
+        released = time.monotonic() - asked
+        received = 0
+        with contextlib.suppress(ConnectionError):
+            while piece := await reader.read(1 << 20):  # what reached this side before the close, then the end
+                received += len(piece)
+        writer.close()
     assert held < 64 * 1024 * 1024  # socket buffers on both sides, not the 512 MiB offered
     assert growth < 8 * 1024, f"RSS grew by {growth} KiB"
+    assert SEND_TIMEOUT <= released < SEND_TIMEOUT + 1.5 + LATE  # the settling took part of the timeout
+    assert received < 64 * 1024 * 1024
+
+
+async def test_ft09_a_slow_but_steady_reader_is_not_cut(impatient: Served, ctx: Context, project: Project) -> None:
+    """Only a client that takes nothing for the send timeout is closed: one reading slowly gets its whole body."""
+    async with run_catalogue_upstream() as catalogue:
+        await add_custom(ctx, project, "flood", catalogue.url)
+        head = "GET /proxy/flood/flood?mib=8 HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n"
+        head += f"Authorization: Bearer {project.token}\r\n\r\n"
+        reader, writer, answered = await raw_request(impatient.url, head)
+        assert answered.startswith(b"HTTP/1.1 200 ")
+        started, received = time.monotonic(), 0
+        while piece := await reader.read(256 * 1024):
+            received += len(piece)
+            await asyncio.sleep(0.1)  # about 2.5 MiB/s: the buffers stay full, the writer pauses and resumes
+        writer.close()
+    assert time.monotonic() - started > SEND_TIMEOUT  # the body took longer than the send timeout
+    assert received > 8 * 1024 * 1024  # every byte (and the chunked framing)
 
 
 # FT-10 upstream errors pass through, and release their connections
