@@ -754,6 +754,17 @@ async def test_au14_every_panel_response_carries_the_security_headers_and_no_cor
         assert "access-control-allow-credentials" not in response.headers
 
 
+async def test_au14_over_https_the_panel_pins_https_for_a_year_and_over_plain_http_it_does_not(
+    client: httpx.AsyncClient,
+) -> None:
+    """HTTPS as a TLS-terminating front proxy reports it (X-Forwarded-Proto from a trusted address)."""
+    for path in ("/admin/login", "/admin/static/panel.css", "/admin/nowhere"):
+        secure = await client.get(path, headers={"X-Forwarded-Proto": "https"})
+        assert secure.headers["strict-transport-security"] == "max-age=31536000", path
+        plain = await client.get(path)
+        assert "strict-transport-security" not in plain.headers, path
+
+
 async def failed_sign_in(client: httpx.AsyncClient, username: str) -> httpx.Response:
     form = await client.get("/admin/login")
     data = {"csrf": csrf_of(form.text), "username": username, "password": "not the password"}

@@ -24,6 +24,10 @@ SECURITY_HEADERS = [
     (b"x-frame-options", b"DENY"),
     (b"cache-control", b"no-store"),
 ]
+# Browsers ignore it over plain HTTP (RFC 6797), and a panel reached by http://localhost must stay reachable so;
+# over HTTPS (or behind a trusted proxy that says so) it keeps them on HTTPS for a year. No includeSubDomains:
+# other hosts of the domain are not ours to pin.
+HSTS = (b"strict-transport-security", b"max-age=31536000")
 
 
 def session_cookie_name(request: Request) -> str:
@@ -53,15 +57,17 @@ def new_csrf_token() -> str:
 
 
 class SecurityHeaders:
-    """Adds the panel's security headers to every response it sends."""
+    """Adds the panel's security headers to every response it sends, HSTS too when it is served over HTTPS."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        added = [*SECURITY_HEADERS, HSTS] if scope.get("scheme") == "https" else SECURITY_HEADERS
+
         async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
-                message["headers"] = [*message.get("headers", ()), *SECURITY_HEADERS]
+                message["headers"] = [*message.get("headers", ()), *added]
             await send(message)
 
         await self.app(scope, receive, send_with_headers)
