@@ -366,6 +366,8 @@ def test_browser_and_end_user_settings(credgate: Any) -> None:
         "http://localhost:5173",
         "--subject-rate-limit",
         "20",
+        "--max-concurrent",
+        "40",
         "--identity-jwks-url",
         "https://auth.example/jwks.json",
         "--identity-issuer",
@@ -377,6 +379,7 @@ def test_browser_and_end_user_settings(credgate: Any) -> None:
     shown = json.loads(result.output)
     assert shown["allowed_origins"] == ["https://app.example", "http://localhost:5173"]
     assert shown["subject_rate_limit_per_minute"] == 20
+    assert shown["max_concurrent_requests"] == 40
     assert shown["identity_provider"]["audience"] == "app"
 
     partial = credgate("projects", "update", project, "--identity-issuer", "https://auth.example/")
@@ -387,12 +390,19 @@ def test_browser_and_end_user_settings(credgate: Any) -> None:
     assert "allowed_origins.0" in bad.output
 
     cleared = credgate(
-        "projects", "update", project, "--no-allowed-origins", "--no-subject-rate-limit", "--no-identity-provider"
+        "projects",
+        "update",
+        project,
+        "--no-allowed-origins",
+        "--no-subject-rate-limit",
+        "--no-identity-provider",
+        "--no-max-concurrent",
     )
     assert cleared.exit_code == 0, cleared.output
     shown = json.loads(cleared.output)
     assert shown["allowed_origins"] == []
     assert shown["subject_rate_limit_per_minute"] is None
+    assert shown["max_concurrent_requests"] is None
     assert shown["identity_provider"] is None
     per_user = credgate(
         "budgets", "add", project, "--metric", "requests", "--limit", "5", "--period", "day", "--per-subject"

@@ -49,6 +49,7 @@ from credgate.errors import Conflict, InvalidInput, NotFound, ServiceError, Star
 from credgate.limits import (
     MAX_KEY_LABEL_LENGTH,
     MAX_KEYS_PER_INTEGRATION,
+    ConcurrentRequests,
     ExpiresInSeconds,
     GraceSeconds,
     KeyMaxAgeDays,
@@ -420,6 +421,8 @@ def projects_show(settings: Settings, project_id: str) -> None:
 @click.option("--name", help="A new name.")
 @click.option("--rate-limit", **_limited(RateLimitPerMinute, "Requests per minute through the proxy"))
 @click.option("--no-rate-limit", is_flag=True, help="Turn the rate limit off.")
+@click.option("--max-concurrent", **_limited(ConcurrentRequests, "Requests under way at once through the proxy"))
+@click.option("--no-max-concurrent", is_flag=True, help="Remove the cap on requests under way at once.")
 @click.option("--key-max-age-days", **_limited(KeyMaxAgeDays, "Flag keys whose secret is older (an event too)"))
 @click.option("--no-key-max-age", is_flag=True, help="Remove the key age policy.")
 @click.option(
@@ -439,6 +442,8 @@ def projects_update(
     name: str | None,
     rate_limit: int | None,
     no_rate_limit: bool,
+    max_concurrent: int | None,
+    no_max_concurrent: bool,
     key_max_age_days: int | None,
     no_key_max_age: bool,
     allowed_origins: tuple[str, ...],
@@ -456,6 +461,7 @@ def projects_update(
     changes = projects.ProjectChanges(
         name=name,
         rate_limit_per_minute=_set_or_clear("rate-limit", rate_limit, no_rate_limit),
+        max_concurrent_requests=_set_or_clear("max-concurrent", max_concurrent, no_max_concurrent),
         key_max_age_days=_set_or_clear("key-max-age-days", key_max_age_days, no_key_max_age),
         allowed_origins=[] if no_allowed_origins else (list(allowed_origins) or None),
         subject_rate_limit_per_minute=_set_or_clear("subject-rate-limit", subject_rate_limit, no_subject_rate_limit),

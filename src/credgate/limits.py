@@ -22,6 +22,7 @@ MAX_GRACE = timedelta(days=30)
 MAX_TOKEN_LIFETIME = timedelta(days=3650)
 MAX_USAGE_WINDOW = timedelta(days=3650)
 MAX_RATE_LIMIT_PER_MINUTE = 1_000_000
+MAX_CONCURRENT_REQUESTS = 100_000
 MAX_LISTED = 1000  # records in one answer of the request log or the audit log
 MAX_NAME_LENGTH = 200
 MAX_PROVIDER_NAME_LENGTH = 63  # a DNS label's length: a provider name is a path segment, and reads like a host
@@ -74,6 +75,7 @@ GraceSeconds = Annotated[int, Field(ge=0, le=int(MAX_GRACE.total_seconds()))]
 ExpiresInSeconds = Annotated[int, Field(ge=1, le=int(MAX_TOKEN_LIFETIME.total_seconds()))]
 ExpiresInDays = Annotated[int, Field(ge=1, le=MAX_TOKEN_LIFETIME.days)]  # the panel's and `--days` unit
 RateLimitPerMinute = Annotated[int, Field(ge=1, le=MAX_RATE_LIMIT_PER_MINUTE)]
+ConcurrentRequests = Annotated[int, Field(ge=1, le=MAX_CONCURRENT_REQUESTS)]
 KeyMaxAgeDays = Annotated[int, Field(ge=1, le=MAX_TOKEN_LIFETIME.days)]
 ListLimit = Annotated[int, Field(ge=1, le=MAX_LISTED)]
 UsageDays = Annotated[int, Field(ge=1, le=MAX_USAGE_WINDOW.days)]

@@ -17,6 +17,7 @@ from credgate.config import Settings
 from credgate.errors import Unavailable
 from credgate.fleet import RateLimiter, SharedRateLimiter
 from credgate.fleet.budgets import LocalBudgets, SharedBudgets
+from credgate.fleet.concurrency import LocalPlaces, SharedPlaces
 from credgate.proxy import ProxyApp, create_http_session
 from credgate.resolved import ResolvedIntegration
 from credgate.services.access import follow_notices, watch_database
@@ -78,6 +79,7 @@ class Runtime:
         subject_limits = subject_shared or RateLimiter()
         seed = functools.partial(spent_since, ctx)
         budgets = LocalBudgets(seed) if ctx.fleet is None else SharedBudgets(ctx.fleet, LocalBudgets(seed), seed)
+        places = LocalPlaces() if ctx.fleet is None else SharedPlaces(ctx.fleet, LocalPlaces())
         recorder = UsageRecorder(ctx, retention=timedelta(days=settings.request_log_days))
         proxy = ProxyApp(
             ctx,
@@ -87,6 +89,7 @@ class Runtime:
             rate_limits=rate_limits,
             subject_limits=subject_limits,
             budgets=budgets,
+            places=places,
             tracing=tracing,
         )
         self._context, self.proxy = ctx, proxy
@@ -125,6 +128,8 @@ class Runtime:
                     await limiter.aclose()
             if isinstance(budgets, SharedBudgets):  # after the recorder's last flush, which settles
                 await budgets.aclose()
+            if isinstance(places, SharedPlaces):  # after the requests, which give their places back
+                await places.aclose()
             await proxy.upstreams.close()  # the sessions of integrations' exceptions, always the proxy's own
             if self._given_session is None:
                 await session.close()

@@ -9,11 +9,13 @@ import pytest
 
 from credgate.limits import (
     MAX_ACTOR_LENGTH,
+    MAX_CONCURRENT_REQUESTS,
     MAX_GRACE,
     MAX_NAME_LENGTH,
     MAX_RATE_LIMIT_PER_MINUTE,
     MAX_TIMEOUT_SECONDS,
     MAX_TOKEN_LIFETIME,
+    MAX_TOTAL_TIMEOUT_SECONDS,
 )
 from credgate.services import admins
 from credgate.services.context import Context
@@ -40,10 +42,12 @@ NOT_A_NUMBER_IN_RANGE = [
 # Each numeric field of the admin API, where it is sent, and the first whole value above its range.
 NUMERIC_FIELDS = [
     ("PATCH", "", "rate_limit_per_minute", MAX_RATE_LIMIT_PER_MINUTE + 1),
+    ("PATCH", "", "max_concurrent_requests", MAX_CONCURRENT_REQUESTS + 1),
     ("POST", "/token/rotate", "grace_seconds", int(MAX_GRACE.total_seconds()) + 1),
     ("POST", "/token/rotate", "expires_in_seconds", int(MAX_TOKEN_LIFETIME.total_seconds()) + 1),
     ("PATCH", "/integrations/acme", "timeout_seconds", MAX_TIMEOUT_SECONDS + 1),
     ("PATCH", "/integrations/acme", "stream_idle_timeout_seconds", MAX_TIMEOUT_SECONDS + 1),
+    ("PATCH", "/integrations/acme", "total_timeout_seconds", MAX_TOTAL_TIMEOUT_SECONDS + 1),
 ]
 
 

@@ -161,6 +161,7 @@ async def test_an_integration_timeout_out_of_range_is_told_next_to_its_field(
     ("action", "field", "shown"),
     [
         ("", "rate_limit_per_minute", "Must be a whole number from 1 to 1000000."),
+        ("", "max_concurrent_requests", "Must be a whole number from 1 to 100000."),
         ("/token/rotate", "grace_seconds", "Must be a whole number from 0 to 2592000."),
         ("/token/rotate", "expires_in_days", "Must be a whole number from 1 to 3650."),
     ],
@@ -178,6 +179,20 @@ async def test_a_project_number_out_of_range_is_told_next_to_its_field(
         assert value not in response.text or len(value) < 5
     after = await projects.get_project(ctx, project_id=project_id)
     assert (after.rate_limit_per_minute, [token.id for token in after.tokens]) == (None, [t.id for t in before.tokens])
+
+
+async def test_the_cap_on_requests_under_way_is_saved_shown_and_cleared(
+    client: httpx.AsyncClient, ctx: Context, project_id: str
+) -> None:
+    csrf = await signed_in_csrf(client)
+    page = f"/admin/projects/{project_id}"
+    form = {"csrf": csrf, "name": "p", "rate_limit_per_minute": "", "key_max_age_days": ""}
+    saved = await client.post(page, data=form | {"max_concurrent_requests": "25"}, follow_redirects=True)
+    assert "Project settings saved." in saved.text
+    assert 'name="max_concurrent_requests" inputmode="numeric" value="25"' in saved.text
+    assert (await projects.get_project(ctx, project_id=project_id)).max_concurrent_requests == 25
+    await client.post(page, data=form | {"max_concurrent_requests": ""})
+    assert (await projects.get_project(ctx, project_id=project_id)).max_concurrent_requests is None
 
 
 async def test_the_stream_idle_timeout_is_shown_and_saved(

@@ -311,7 +311,12 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
 
 
 async def add_project(
-    fleet: Fleet, upstream: Upstream, *, rate_limit: int | None = None, budget: int | None = None
+    fleet: Fleet,
+    upstream: Upstream,
+    *,
+    rate_limit: int | None = None,
+    budget: int | None = None,
+    max_concurrent: int | None = None,
 ) -> tuple[Project, str]:
     """A project with a stand-in integration allowing everything, and an admin token, made beside the fleet
     (through a context of its own on the same database and Redis, as the CLI would)."""
@@ -320,8 +325,8 @@ async def add_project(
         created, token = await projects.create_project(ctx, name="fleet", actor="t")
         project = Project(created.id, token, "")
         await add_custom(ctx, project, "stand-in", upstream.url)
-        if rate_limit is not None:
-            changes = projects.ProjectChanges(rate_limit_per_minute=rate_limit)
+        if rate_limit is not None or max_concurrent is not None:
+            changes = projects.ProjectChanges(rate_limit_per_minute=rate_limit, max_concurrent_requests=max_concurrent)
             await projects.update_project(ctx, project_id=created.id, changes=changes, actor="t")
         if budget is not None:
             await budgets.add_budget(
@@ -409,6 +414,21 @@ async def test_a_budget_of_50_admits_exactly_50_of_200_concurrent_requests_acros
         )
     statuses = [answer.status_code for answer in answers]
     assert (statuses.count(200), statuses.count(402)) == (50, 150)  # counted once, in Redis: no slack
+
+
+async def test_a_cap_of_6_requests_under_way_holds_across_every_instance_and_frees_as_they_end(
+    fleet: Fleet, upstream: Upstream
+) -> None:
+    project, _ = await add_project(fleet, upstream, max_concurrent=6)
+    async with fresh_client(project.token) as client:
+        slow = f"{fleet.balancer}/proxy/stand-in/slow?seconds=3"
+        answers = await asyncio.gather(*(client.get(slow) for _ in range(24)))
+        statuses = [answer.status_code for answer in answers]
+        assert (statuses.count(200), statuses.count(429)) == (6, 18)  # counted once, in Redis: no slack
+        assert all(answer.headers["retry-after"] == "1" for answer in answers if answer.status_code == 429)
+        # Every place was given back, whichever instance held it: six at once again.
+        again = await asyncio.gather(*(client.get(f"{fleet.balancer}/proxy/stand-in/slow?seconds=1") for _ in range(6)))
+        assert [answer.status_code for answer in again] == [200] * 6
 
 
 async def mint(fleet: Fleet, project: Project, subject: str) -> str:

@@ -24,6 +24,7 @@ import pytest
 
 from credgate.app import Gateway, create_app
 from credgate.config import Settings
+from credgate.fleet.concurrency import LocalPlaces
 from credgate.proxy import ProxyApp, create_http_session
 from credgate.services import integrations, projects
 from credgate.services.bootstrap import open_context
@@ -32,7 +33,7 @@ from credgate.services.projects import ProjectChanges
 from tests.e2e.conftest import Project, add_custom, add_project, bearer, serving, start_gateway, stop_gateway
 from tests.polling import eventually
 from tests.secret_sweep import SWEEP
-from tests.upstream import CatalogueUpstream, Upstream, run_catalogue_upstream
+from tests.upstream import CatalogueUpstream, Upstream, run_catalogue_upstream, run_watched_upstream
 
 HEADER_TIMEOUT = 0.5
 
@@ -409,7 +410,7 @@ async def test_ls09_concurrent_large_uploads_arrive_byte_identical_and_are_not_h
 async def test_ls10_a_project_over_its_rate_limit_gets_429s_while_another_is_served_in_full(
     served: Served, ctx: Context, project: Project, upstream: Upstream
 ) -> None:
-    """(The catalogue's per-project cap on concurrent streams does not exist yet.)"""
+    """The catalogue's cap on concurrent streams: test_ls10_a_project_at_its_cap_on_requests_under_way_…"""
     other = await add_project(ctx, upstream)
     await projects.update_project(
         ctx, project_id=project.id, changes=ProjectChanges(rate_limit_per_minute=60), actor="t"
@@ -433,3 +434,53 @@ async def test_ls10_a_project_over_its_rate_limit_gets_429s_while_another_is_ser
     assert sorted(status for status, _ in greedy) == [200] * admitted + [429] * (100 - admitted)
     assert all(int(retry_after) >= 1 for status, retry_after in greedy if status == 429)
     assert [status for status, _ in modest] == [200] * 50
+
+
+HELD_STREAM = [  # an event, then nothing until the gateway hangs up
+    b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n",
+    b"d\r\ndata: first\n\n\r\n",
+    3600.0,
+]
+
+
+async def test_ls10_a_project_at_its_cap_on_requests_under_way_gets_429s_while_another_is_served(
+    served: Served, ctx: Context, project: Project, upstream: Upstream
+) -> None:
+    other = await add_project(ctx, upstream)
+    await projects.update_project(
+        ctx, project_id=project.id, changes=ProjectChanges(max_concurrent_requests=3), actor="t"
+    )
+    async with run_watched_upstream(HELD_STREAM) as holding, contextlib.AsyncExitStack() as streams:
+        await add_custom(ctx, project, "holding", holding.url)
+        url = f"{served.url}/proxy/holding/v1/chat/completions"
+        held = []
+        for _ in range(3):
+            response = await streams.enter_async_context(served.http.post(url, json={}, headers=bearer(project.token)))
+            assert response.status == 200
+            assert await response.content.readuntil(b"\n\n") == b"data: first\n\n"
+            held.append(response)
+        refused = [await timed_get(served.http, url, bearer(project.token)) for _ in range(5)]
+        assert [status for status, _, _ in refused] == [429] * 5
+        message = "3 requests of this project are already under way"
+        assert [body for _, _, body in refused] == [({"error": {"status": 429, "message": message}}, "1")] * 5
+        assert len(holding.asked) == 3  # a refused request never reached the provider
+        chat = f"{served.url}/proxy/openai/chat/completions"
+
+        async def chat_status() -> int:
+            async with served.http.post(chat, json={"model": "m", "messages": []}, headers=bearer(other.token)) as sent:
+                await sent.read()
+                return sent.status
+
+        assert await asyncio.gather(*(chat_status() for _ in range(20))) == [200] * 20
+
+        held[0].close()  # one stream ends: its place serves the next request
+        assert await eventually(lambda: len(holding.hang_ups) == 1, within=2.0)
+        async with served.http.post(url, json={}, headers=bearer(project.token)) as again:
+            assert again.status == 200
+            assert await again.content.readuntil(b"\n\n") == b"data: first\n\n"
+        async with served.http.post(url, json={}, headers=bearer(project.token)) as full:
+            assert full.status == 429
+    assert await eventually(lambda: served.proxy.in_flight == 0, within=2.0)  # the streams left: nothing held
+    places = served.proxy.places
+    assert isinstance(places, LocalPlaces)
+    assert [places.take_now(project.id, 3) is not None for _ in range(4)] == [True] * 3 + [False]  # all back

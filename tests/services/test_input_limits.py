@@ -134,6 +134,11 @@ async def test_project_names_and_rate_limits_out_of_range_are_refused(ctx: Conte
         await refused(
             "rate_limit_per_minute", projects.update_project(ctx, project_id=project_id, changes=changes, actor="t")
         )
+    for cap in [0, -1, 100_001, 2**64, True, 2.5]:
+        changes = ProjectChanges(max_concurrent_requests=cap)
+        await refused(
+            "max_concurrent_requests", projects.update_project(ctx, project_id=project_id, changes=changes, actor="t")
+        )
     assert [project.name for project in await projects.list_projects(ctx)] == ["demo"]
 
 

@@ -192,6 +192,9 @@ async def update_project(project_id: str, body: ProjectPatchIn, ctx: ContextDep,
     changes = projects.ProjectChanges(
         name=body.name,
         rate_limit_per_minute=body.rate_limit_per_minute if "rate_limit_per_minute" in body.model_fields_set else ...,
+        max_concurrent_requests=(
+            body.max_concurrent_requests if "max_concurrent_requests" in body.model_fields_set else ...
+        ),
         key_max_age_days=body.key_max_age_days if "key_max_age_days" in body.model_fields_set else ...,
         allowed_origins=body.allowed_origins,
         subject_rate_limit_per_minute=(

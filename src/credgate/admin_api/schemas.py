@@ -14,6 +14,7 @@ from credgate.limits import (
     MAX_KEY_LENGTH,
     MAX_KEYS_PER_INTEGRATION,
     MIN_PASSWORD_LENGTH,
+    ConcurrentRequests,
     ExpiresInSeconds,
     GraceSeconds,
     KeyMaxAgeDays,
@@ -97,6 +98,10 @@ class ProjectIn(In):
 class ProjectPatchIn(In):
     name: Name | None = None
     rate_limit_per_minute: RateLimitPerMinute | None = None
+    max_concurrent_requests: ConcurrentRequests | None = Field(
+        default=None,
+        description="how many of the project's requests may be under way at once (429 beyond); null: no cap",
+    )
     key_max_age_days: KeyMaxAgeDays | None = Field(
         default=None, description="keys whose secret is older are flagged (panel, metric, event); null: no policy"
     )
@@ -136,6 +141,7 @@ class ProjectOut(BaseModel):
     id: str
     name: str
     rate_limit_per_minute: int | None
+    max_concurrent_requests: int | None
     key_max_age_days: int | None
     created_at: datetime
     token: TokenOut | None
@@ -150,6 +156,7 @@ class ProjectOut(BaseModel):
             id=project.id,
             name=project.name,
             rate_limit_per_minute=project.rate_limit_per_minute,
+            max_concurrent_requests=project.max_concurrent_requests,
             key_max_age_days=project.key_max_age_days,
             created_at=project.created_at,
             token=None if token is None else TokenOut.of(token),

@@ -13,7 +13,14 @@ from credgate.admin_ui.base import field, field_error, form_of, redirect, render
 from credgate.admin_ui.charts import HEIGHT, WIDTH, bars
 from credgate.admin_ui.end_user_forms import end_user_changes, origins_error, shown_fields, typed_fields
 from credgate.errors import Conflict, InvalidInput
-from credgate.limits import ExpiresInDays, GraceSeconds, KeyMaxAgeDays, RateLimitPerMinute, parse_int
+from credgate.limits import (
+    ConcurrentRequests,
+    ExpiresInDays,
+    GraceSeconds,
+    KeyMaxAgeDays,
+    RateLimitPerMinute,
+    parse_int,
+)
 from credgate.services import audit, integrations, projects, usage
 from credgate.services.projects import current_token
 
@@ -96,10 +103,11 @@ async def update_project(request: Request) -> Response:
     form = await form_of(request, current)
     project_id = request.path_params["project_id"]
     try:
-        limit = _whole_number(form, "rate_limit_per_minute", RateLimitPerMinute)
-        max_age = _whole_number(form, "key_max_age_days", KeyMaxAgeDays)
         changes = projects.ProjectChanges(
-            name=field(form, "name"), rate_limit_per_minute=limit, key_max_age_days=max_age
+            name=field(form, "name"),
+            rate_limit_per_minute=_whole_number(form, "rate_limit_per_minute", RateLimitPerMinute),
+            max_concurrent_requests=_whole_number(form, "max_concurrent_requests", ConcurrentRequests),
+            key_max_age_days=_whole_number(form, "key_max_age_days", KeyMaxAgeDays),
         )
         await projects.update_project(current.ctx, project_id=project_id, changes=changes, actor=current.actor)
     except InvalidInput as error:

@@ -34,6 +34,7 @@ from credgate.errors import (
 )
 from credgate.fleet import RateLimiter, RateLimits, retry_after_header
 from credgate.fleet.budgets import Budgets, LocalBudgets
+from credgate.fleet.concurrency import LocalPlaces, Place, Places
 from credgate.netguard import NO_PRIVATE_NETWORKS
 from credgate.proxy.client import (
     CHALLENGE,
@@ -133,11 +134,12 @@ class ProxyApp:
         rate_limits: RateLimits | None = None,
         subject_limits: RateLimits | None = None,
         budgets: Budgets | None = None,
+        places: Places | None = None,
         tracing: "Tracing | None" = None,
         max_in_flight: int = 1000,
     ) -> None:
-        """`rate_limits`, `budgets`: the fleet's shared counters where there are some; else this process counts
-        alone (budgets from the request log). `tracing`: a span per request, when OpenTelemetry is configured."""
+        """`rate_limits`, `budgets`, `places`: the fleet's shared counters where there are some; else this process
+        counts alone (budgets from the request log). `tracing`: a span per request, when OpenTelemetry is configured."""
         self.ctx = ctx
         self.tracing = tracing
         self.recorder = recorder
@@ -148,6 +150,7 @@ class ProxyApp:
         # End users' counters apart from the projects': however many end users come, no project's count is lost.
         self.subject_limits: RateLimits = subject_limits or RateLimiter()
         self.budgets: Budgets = budgets or LocalBudgets(functools.partial(spent_since, ctx))
+        self.places: Places = places or LocalPlaces()
         recorder.settle = self.budgets.settle
         self.deadlines = Deadlines()
         self.in_flight = 0
@@ -249,8 +252,9 @@ class ProxyApp:
                 provider=label, project_id=access.project_id, request_id=record.request_id, endpoint=raw_endpoint
             )
             record.on_tokens = span.tokens_counted
+        place: Place | None = None  # its place under the project's cap on requests under way, if it has one
         try:
-            integration, credential, length = await self._authorize(
+            integration, credential, length, place = await self._authorize(
                 scope, access, provider, raw_endpoint, record, grant=grant, origin=origin
             )
             await self._relay(scope, receive, send, integration, credential, length, raw_endpoint, record, token, span)
@@ -264,6 +268,8 @@ class ProxyApp:
             record.status = internal.status
             record.response_bytes = await send_error(send, internal)
         finally:
+            if place is not None:
+                self.places.give_back(place)
             duration = time.perf_counter() - started
             record.duration_ms = duration * 1000
             self.recorder.record(record)
@@ -387,9 +393,10 @@ class ProxyApp:
         *,
         grant: ClientGrant | None = None,
         origin: str | None = None,
-    ) -> tuple[ResolvedIntegration, Secret, int | None]:
+    ) -> tuple[ResolvedIntegration, Secret, int | None, Place | None]:
         """The pure checks after the token (plan.admit), then the rate limits of the project and of its end user
-        (429) and the budgets (402), which count."""
+        and its cap on requests under way (429), and the budgets (402), which count. With a cap, the request's
+        place under it, for the caller to give back when the request ends."""
         admitted = admit(
             method=scope["method"],
             provider=provider,
@@ -409,10 +416,23 @@ class ProxyApp:
             await self._limit(self.subject_limits, counter, access.subject_rate_limit_per_minute, " per end user")
         if access.rate_limit_per_minute is not None:
             await self._limit(self.rate_limits, access.project_id, access.rate_limit_per_minute, "")
+        place = None
+        if access.max_concurrent_requests is not None:
+            place = await self.places.take(access.project_id, access.max_concurrent_requests)
+            if place is None:
+                raise RateLimited(
+                    f"{access.max_concurrent_requests} requests of this project are already under way",
+                    headers={"Retry-After": "1"},
+                )
         if access.budgets:
-            await self._spend(access, record)
+            try:
+                await self._spend(access, record)
+            except BaseException:
+                if place is not None:
+                    self.places.give_back(place)
+                raise
         record.prices, record.admitted = admitted.integration.prices, True
-        return admitted.integration, admitted.credential, admitted.declared_length
+        return admitted.integration, admitted.credential, admitted.declared_length, place
 
     @staticmethod
     async def _limit(limits: RateLimits, counter: str, per_minute: int, whose: str) -> None:

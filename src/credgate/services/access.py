@@ -56,6 +56,7 @@ class Access:
     budgets: tuple[BudgetRule, ...] = ()  # the project's budgets that apply to this provider
     allowed_origins: frozenset[str] = frozenset()
     subject_rate_limit_per_minute: int | None = None
+    max_concurrent_requests: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +121,7 @@ def _access(
         integration=None if integration is None else resolved_integration(ctx, integration),
         allowed_origins=frozenset(project.allowed_origins),
         subject_rate_limit_per_minute=project.subject_rate_limit_per_minute,
+        max_concurrent_requests=project.max_concurrent_requests,
     )
 
 

@@ -9,6 +9,7 @@ from credgate.crypto import generate_token, hash_token
 from credgate.errors import Conflict, InvalidInput, NotFound
 from credgate.limits import (
     MAX_ALLOWED_ORIGINS,
+    ConcurrentRequests,
     ExpiresInSeconds,
     GraceSeconds,
     KeyMaxAgeDays,
@@ -84,6 +85,7 @@ class ProjectChanges:
 
     name: str | None = None
     rate_limit_per_minute: int | EllipsisType | None = ...
+    max_concurrent_requests: int | EllipsisType | None = ...  # None turns the cap off
     key_max_age_days: int | EllipsisType | None = ...  # keys older than this are flagged; None: no policy
     allowed_origins: Sequence[str] | None = None  # replaces the list; None leaves it
     subject_rate_limit_per_minute: int | EllipsisType | None = ...  # each end user's; None turns it off
@@ -95,6 +97,9 @@ async def update_project(ctx: Context, *, project_id: str, changes: ProjectChang
         within("name", Name, changes.name)
     if changes.rate_limit_per_minute is not None and not isinstance(changes.rate_limit_per_minute, EllipsisType):
         within("rate_limit_per_minute", RateLimitPerMinute, changes.rate_limit_per_minute)
+    concurrent = changes.max_concurrent_requests
+    if concurrent is not None and not isinstance(concurrent, EllipsisType):
+        within("max_concurrent_requests", ConcurrentRequests, concurrent)
     if changes.key_max_age_days is not None and not isinstance(changes.key_max_age_days, EllipsisType):
         within("key_max_age_days", KeyMaxAgeDays, changes.key_max_age_days)
     subject_limit = changes.subject_rate_limit_per_minute
@@ -122,6 +127,8 @@ async def update_project(ctx: Context, *, project_id: str, changes: ProjectChang
             project.name = changes.name
         if not isinstance(changes.rate_limit_per_minute, EllipsisType):
             project.rate_limit_per_minute = changes.rate_limit_per_minute
+        if not isinstance(concurrent, EllipsisType):
+            project.max_concurrent_requests = concurrent
         if not isinstance(changes.key_max_age_days, EllipsisType):
             project.key_max_age_days = changes.key_max_age_days
         project.updated_at = ctx.clock()

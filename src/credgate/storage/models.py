@@ -66,6 +66,8 @@ class Project(Base):
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
     name: Mapped[str] = mapped_column(String(MAX_NAME_LENGTH))
     rate_limit_per_minute: Mapped[int | None]
+    # How many of the project's requests may be under way at once, streams included (None: no cap).
+    max_concurrent_requests: Mapped[int | None]
     # Keys whose secret is older than this are flagged (panel, metric, an event); None: no policy.
     key_max_age_days: Mapped[int | None]
     # The web origins whose pages may call the proxy (CORS), each `scheme://host[:port]`.

@@ -1,0 +1,205 @@
+"""Caps on a project's requests under way at once: per process (a count in memory), or once for every worker and
+instance that share a Redis.
+
+In Redis, a project's requests under way are the members of one sorted set, each scored with the end of its
+lease. A request takes a place when fewer members than the cap hold an unexpired lease (one script call for the
+requests of each event-loop turn) and gives it back when it ends. Each process renews the leases of its requests
+every third of a lease, so a long stream keeps its place while a process that dies without giving its places
+back frees them when their leases run out. When Redis does not answer, places are counted in this process
+(logged once), and Redis is tried again a second later.
+"""
+
+import asyncio
+import itertools
+import logging
+import secrets
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from credgate.fleet.fleet import ANSWER_TIMEOUT_SECONDS, RETRY_SECONDS, Fleet
+from credgate.outages import Outage
+
+logger = logging.getLogger(__name__)
+
+LEASE_SECONDS = 30.0
+
+# KEYS[i] a project's set; ARGV[1] the lease in ms, then for each key its member and its cap. Returns, for each,
+# 1 when it took a place, else 0. Time is Redis's own clock, so instances whose clocks differ still agree.
+_TAKE = """
+local now = redis.call('TIME')
+local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+local lease = tonumber(ARGV[1])
+local taken = {}
+for i, key in ipairs(KEYS) do
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', now_ms)
+  if redis.call('ZCARD', key) < tonumber(ARGV[2 * i + 1]) then
+    redis.call('ZADD', key, now_ms + lease, ARGV[2 * i])
+    redis.call('PEXPIRE', key, lease)
+    taken[i] = 1
+  else
+    taken[i] = 0
+  end
+end
+return taken
+"""
+# KEYS[i] a set, ARGV[1] the lease in ms, ARGV[i + 1] a member of it still under way: its lease starts again.
+_RENEW = """
+local now = redis.call('TIME')
+local until_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000) + tonumber(ARGV[1])
+for i, key in ipairs(KEYS) do
+  redis.call('ZADD', key, 'XX', until_ms, ARGV[i + 1])
+  redis.call('PEXPIRE', key, tonumber(ARGV[1]))
+end
+return 0
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Place:
+    """A request's place under its project's cap, to be given back when it ends."""
+
+    project_id: str
+    member: str | None = None  # its member in Redis; None: counted in this process
+
+
+class Places(Protocol):
+    async def take(self, project_id: str, cap: int) -> Place | None:
+        """A place, or None when `cap` of the project's requests are already under way."""
+        ...
+
+    def give_back(self, place: Place) -> None:
+        """Never waits, never raises."""
+        ...
+
+
+class LocalPlaces:
+    """The project's requests under way in this process."""
+
+    def __init__(self) -> None:
+        self._under_way: dict[str, int] = {}
+
+    def take_now(self, project_id: str, cap: int) -> Place | None:
+        count = self._under_way.get(project_id, 0)
+        if count >= cap:
+            return None
+        self._under_way[project_id] = count + 1
+        return Place(project_id)
+
+    async def take(self, project_id: str, cap: int) -> Place | None:
+        return self.take_now(project_id, cap)
+
+    def give_back(self, place: Place) -> None:
+        count = self._under_way.get(place.project_id, 0) - 1
+        if count > 0:
+            self._under_way[place.project_id] = count
+        else:
+            self._under_way.pop(place.project_id, None)
+
+
+class SharedPlaces:
+    """The Places of a fleet: counted in Redis, in `local` while Redis does not answer."""
+
+    def __init__(self, fleet: Fleet, local: LocalPlaces, *, lease_seconds: float = LEASE_SECONDS) -> None:
+        self._fleet = fleet
+        self._take = fleet.redis.register_script(_TAKE)
+        self._renew = fleet.redis.register_script(_RENEW)
+        self._local = local
+        self._lease_ms = int(lease_seconds * 1000)
+        self._renew_seconds = lease_seconds / 3
+        self._outage = Outage(
+            logger,
+            down="Redis does not answer (%s): requests under way are counted per process until it does",
+            back="Redis answers again: requests under way are counted for the fleet again",
+            retry_seconds=RETRY_SECONDS,
+        )
+        self._names = (f"{secrets.token_hex(8)}:{number}" for number in itertools.count())
+        self._held: dict[str, str] = {}  # member → its set: the places of this process's requests under way
+        self._batch: list[tuple[str, str, int, asyncio.Future[bool | None]]] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._renewing: asyncio.Task[None] | None = None
+
+    async def take(self, project_id: str, cap: int) -> Place | None:
+        if not self._batch and not self._outage.may_try():
+            return self._local.take_now(project_id, cap)
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[bool | None] = loop.create_future()
+        if not self._batch:
+            loop.call_soon(self._send)  # once every request of this turn has joined
+        member = next(self._names)
+        self._batch.append((self._fleet.key("under-way", project_id), member, cap, answer))
+        taken = await answer
+        if taken is None:
+            return self._local.take_now(project_id, cap)
+        return Place(project_id, member) if taken else None
+
+    def give_back(self, place: Place) -> None:
+        if place.member is None:
+            self._local.give_back(place)
+            return
+        key = self._held.pop(place.member, None)
+        if key is not None:
+            self._spawn(self._give_back(key, place.member))
+
+    def _send(self) -> None:
+        batch, self._batch = self._batch, []
+        self._spawn(self._ask(batch))
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _ask(self, batch: list[tuple[str, str, int, asyncio.Future[bool | None]]]) -> None:
+        """Answer every request of `batch`: whether it took a place, or None to count it locally."""
+        answers: list[bool | None] = [None] * len(batch)
+        try:
+            args: list[int | str] = [self._lease_ms]
+            for _, member, cap, _ in batch:
+                args += [member, cap]
+            async with asyncio.timeout(ANSWER_TIMEOUT_SECONDS):
+                taken = await self._take(keys=[key for key, _, _, _ in batch], args=args)
+            answers = [bool(int(one)) for one in taken]
+        except Exception as error:  # whatever the client raises: no request may fail for it
+            self._outage.failed(error)
+        else:
+            self._outage.answered()
+        finally:
+            for (key, member, _, answer), taken in zip(batch, answers, strict=False):
+                if answer.done():  # its request has gone (the client left): a place it took is given back
+                    if taken:
+                        self._spawn(self._give_back(key, member))
+                    continue
+                if taken:
+                    self._held[member] = key
+                    self._keep_renewing()
+                answer.set_result(taken)
+
+    async def _give_back(self, key: str, member: str) -> None:
+        try:
+            async with asyncio.timeout(ANSWER_TIMEOUT_SECONDS):
+                await self._fleet.redis.zrem(key, member)
+        except Exception as error:  # the place is freed when its lease runs out
+            self._outage.failed(error)
+
+    def _keep_renewing(self) -> None:
+        if self._renewing is None or self._renewing.done():
+            self._renewing = asyncio.ensure_future(self._renew_while_held())
+
+    async def _renew_while_held(self) -> None:
+        while self._held:
+            await asyncio.sleep(self._renew_seconds)
+            held = list(self._held.items())
+            if not held:
+                return
+            try:
+                async with asyncio.timeout(ANSWER_TIMEOUT_SECONDS):
+                    await self._renew(keys=[key for _, key in held], args=[self._lease_ms, *(m for m, _ in held)])
+            except Exception as error:  # tried again at the next renewal, well within the lease
+                self._outage.failed(error)
+
+    async def aclose(self) -> None:
+        """Give back what is being given back, stop the rest (shutting down): places still held run out."""
+        if self._renewing is not None:
+            self._renewing.cancel()
+        await asyncio.gather(*self._tasks, *([self._renewing] if self._renewing else []), return_exceptions=True)

@@ -1,0 +1,114 @@
+"""A project's cap on requests under way, counted once across processes through a real Redis, per process while
+it is away, and freed by the leases of a process that died."""
+
+import asyncio
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from credgate.fleet import Fleet, open_fleet
+from credgate.fleet.concurrency import LocalPlaces, Place, SharedPlaces
+from tests.redis_server import PrivateRedis, private_redis, unique_namespace
+
+
+def places(fleets: list[Fleet], *, lease_seconds: float = 30.0) -> list[SharedPlaces]:
+    return [SharedPlaces(fleet, LocalPlaces(), lease_seconds=lease_seconds) for fleet in fleets]
+
+
+async def under_way(fleet: Fleet, project_id: str) -> int:
+    """The project's places whose lease has not run out, by Redis's clock."""
+    seconds, microseconds = await fleet.redis.time()
+    now_ms = seconds * 1000 + microseconds // 1000
+    return int(await fleet.redis.zcount(fleet.key("under-way", project_id), now_ms, "+inf"))
+
+
+def test_in_one_process_the_cap_counts_requests_under_way_and_each_project_apart() -> None:
+    local = LocalPlaces()
+    taken = [local.take_now("p1", 2) for _ in range(3)]
+    assert taken[:2] == [Place("p1"), Place("p1")]
+    assert taken[2] is None
+    assert local.take_now("p2", 2) == Place("p2")
+    local.give_back(Place("p1"))
+    assert local.take_now("p1", 2) == Place("p1")
+    assert local.take_now("p1", 2) is None
+
+
+async def test_three_processes_taking_at_once_share_one_cap_and_a_place_given_back_serves_the_next(
+    fleets: list[Fleet],
+) -> None:
+    shared = places(fleets)
+    taken = await asyncio.gather(*(shared[turn % 3].take("p1", 4) for turn in range(12)))
+    held = [(turn % 3, place) for turn, place in enumerate(taken) if place is not None]
+    assert len(held) == 4
+    assert all(place.member is not None for _, place in held)  # counted in Redis, not in a process
+    assert await under_way(fleets[0], "p1") == 4
+    assert await shared[0].take("p2", 4) is not None  # another project counts apart
+
+    owner, place = held[0]
+    shared[owner].give_back(place)
+    await shared[owner].aclose()  # the give-back is under way: wait for it
+    assert await under_way(fleets[0], "p1") == 3
+    assert await shared[1].take("p1", 4) is not None
+    assert await shared[2].take("p1", 4) is None
+
+
+async def test_the_places_of_a_process_that_died_free_at_their_lease_while_a_live_process_keeps_its_own(
+    fleets: list[Fleet],
+) -> None:
+    living, dying = places(fleets[:2], lease_seconds=0.6)
+    kept = await living.take("p1", 2)
+    lost = await dying.take("p1", 2)
+    assert kept is not None
+    assert lost is not None
+    assert await living.take("p1", 2) is None
+    await dying.aclose()  # dies: gives nothing back, renews nothing more
+    await asyncio.sleep(1.5)  # two leases and a half: the living process renewed its place meanwhile
+    assert await under_way(fleets[0], "p1") == 1
+    assert await living.take("p1", 2) is not None
+    assert await living.take("p1", 2) is None
+
+
+async def test_a_request_that_leaves_while_its_place_is_asked_for_gives_it_back(fleets: list[Fleet]) -> None:
+    shared = places(fleets)[0]
+    asking = asyncio.ensure_future(shared.take("p1", 1))
+    await asyncio.sleep(0)  # joined the turn's batch
+    asking.cancel()
+    await asyncio.gather(asking, return_exceptions=True)
+    await shared.aclose()  # the script's answer came, and its place went back
+    assert await under_way(fleets[0], "p1") == 0
+    assert await shared.take("p1", 1) is not None
+
+
+@pytest.fixture
+def redis(tmp_path: Path) -> Iterator[PrivateRedis]:
+    with private_redis(tmp_path) as server:
+        yield server
+
+
+async def test_without_redis_places_are_counted_per_process_logged_once_and_given_back_where_taken(
+    redis: PrivateRedis, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="credgate.fleet")
+    fleet = open_fleet(redis.url, namespace=unique_namespace())
+    try:
+        shared = SharedPlaces(fleet, LocalPlaces())
+        in_redis = await shared.take("p1", 2)
+        assert in_redis is not None
+        assert in_redis.member is not None
+        redis.stop()
+        # Never an exception: this process counts alone, from nothing, what it takes while Redis is away.
+        local = [await shared.take("p1", 2) for _ in range(3)]
+        assert [place is not None and place.member is None for place in local] == [True, True, False]
+        assert [r.getMessage() for r in caplog.records].count(
+            "Redis does not answer (ConnectionError): requests under way are counted per process until it does"
+        ) == 1
+        for place in local[:2]:
+            assert place is not None
+            shared.give_back(place)
+        assert await shared.take("p1", 2) is not None  # given back to the count that took them
+        shared.give_back(in_redis)  # its ZREM fails quietly; its lease would free it
+        await shared.aclose()
+    finally:
+        await fleet.close()
