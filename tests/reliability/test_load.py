@@ -436,7 +436,7 @@ async def test_ls10_a_project_over_its_rate_limit_gets_429s_while_another_is_ser
     assert [status for status, _ in modest] == [200] * 50
 
 
-HELD_STREAM = [  # an event, then nothing until the gateway hangs up
+HELD_STREAM: list[bytes | float] = [  # an event, then nothing until the gateway hangs up
     b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n",
     b"d\r\ndata: first\n\n\r\n",
     3600.0,

@@ -134,7 +134,8 @@ async def test_project_names_and_rate_limits_out_of_range_are_refused(ctx: Conte
         await refused(
             "rate_limit_per_minute", projects.update_project(ctx, project_id=project_id, changes=changes, actor="t")
         )
-    for cap in [0, -1, 100_001, 2**64, True, 2.5]:
+    caps: list[Any] = [0, -1, 100_001, 2**64, True, 2.5]
+    for cap in caps:
         changes = ProjectChanges(max_concurrent_requests=cap)
         await refused(
             "max_concurrent_requests", projects.update_project(ctx, project_id=project_id, changes=changes, actor="t")
