@@ -428,3 +428,6 @@ def test_admin_roles_are_granted_by_the_cli_and_checked(credgate: Any) -> None:
     assert credgate("admin", "set-role", "bob", "--role", "viewer").exit_code == 3
     actions = [entry["action"] for entry in json.loads(credgate("audit").output)["items"]]
     assert actions[0] == "admin_user.set_role"
+    ended = credgate("admin", "end-sessions", "ann")
+    assert (ended.exit_code, ended.output) == (0, "ended 0 sessions of user ann\n")
+    assert credgate("admin", "end-sessions", "bob").exit_code == 3

@@ -389,6 +389,15 @@ def admin_set_role(settings: Settings, username: str, role: str, project_ids: tu
     click.echo(f"user {username} is now {role}")
 
 
+@admin.command("end-sessions")
+@click.argument("username")
+@pass_settings
+def admin_end_sessions(settings: Settings, username: str) -> None:
+    """End every panel session of a user at once; it signs in again at its next page."""
+    ended = _run(settings, lambda ctx: admins.end_admin_sessions(ctx, username=username, actor=_actor()))
+    click.echo(f"ended {ended} session{'' if ended == 1 else 's'} of user {username}")
+
+
 @main.group("projects")
 def projects_group() -> None:
     """Projects and their tokens."""

@@ -11,7 +11,7 @@ import pytest
 from credgate.admin_api.schemas import RoleName
 from credgate.errors import Conflict
 from credgate.roles import ROLES
-from credgate.services import admins, projects
+from credgate.services import admins, panel_sessions, projects
 from credgate.services.context import Context
 from tests.admin_api.test_error_shape import service_error
 from tests.conftest import POSTGRES_URL
@@ -165,3 +165,29 @@ async def test_the_last_owner_is_never_demoted_deleted_or_revoked(client: httpx.
         return_exceptions=True,
     )
     assert sorted(type(each).__name__ for each in outcomes) == ["Conflict", "NoneType"]
+
+
+async def test_an_owner_ends_every_panel_session_of_a_user_at_once(client: httpx.AsyncClient, ctx: Context) -> None:
+    await admins.create_admin_user(ctx, username="ann", password=PASSWORD, actor="tests")
+    await admins.create_admin_user(ctx, username="bo", password=PASSWORD, actor="tests")
+    laptop, _ = await panel_sessions.sign_in(ctx, username="ann", password=PASSWORD)
+    phone, _ = await panel_sessions.sign_in(ctx, username="ann", password=PASSWORD)
+    others, _ = await panel_sessions.sign_in(ctx, username="bo", password=PASSWORD)
+
+    ended = await client.delete("/api/v1/admin-sessions/ann")
+    assert (ended.status_code, ended.json()) == (200, {"ended": 2})
+    assert await panel_sessions.resume_session(ctx, secret=laptop) is None
+    assert await panel_sessions.resume_session(ctx, secret=phone) is None
+    assert await panel_sessions.resume_session(ctx, secret=others) is not None  # another user's are kept
+    again, _ = await panel_sessions.sign_in(ctx, username="ann", password=PASSWORD)  # the user is not locked out
+    assert await panel_sessions.resume_session(ctx, secret=again) is not None
+
+    assert (await client.delete("/api/v1/admin-sessions/bo")).json() == {"ended": 1}
+    assert (await client.delete("/api/v1/admin-sessions/bo")).json() == {"ended": 0}
+    assert service_error(await client.delete("/api/v1/admin-sessions/nobody"), 404) == "no user nobody"
+    entries = (await client.get("/api/v1/audit")).json()["items"]
+    assert [entry["detail"] for entry in entries if entry["action"] == "admin_user.end_sessions"] == [
+        {"username": "bo"},
+        {"username": "bo"},
+        {"username": "ann"},
+    ]

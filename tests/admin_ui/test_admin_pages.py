@@ -141,3 +141,30 @@ async def test_the_last_owner_is_kept(client: httpx.AsyncClient, ctx: Context, p
     deleted = await client.post(f"{PAGE}/users/{me.id}/delete", data={"csrf": csrf})
     assert (deleted.status_code, last in _row(deleted.text, "admin")) == (409, True)
     assert [(user.username, user.role) for user in await admins.list_admin_users(ctx)] == [("admin", "owner")]
+
+
+async def test_an_owner_ends_a_users_sessions_and_its_next_page_asks_it_to_sign_in(
+    client: httpx.AsyncClient, ctx: Context, project_id: str
+) -> None:
+    csrf = await signed_in_csrf(client)
+    await admins.create_admin_user(ctx, username="ann", password=PASSWORD, actor="tests")
+    ann = await _signed_in_as(client, "ann")
+    try:
+        assert (await ann.get("/admin/projects")).status_code == 200
+        row = _row((await client.get(PAGE)).text, "ann")
+        user_id = re.findall(r"/admin/admins/users/([^/]+)/sessions/end", row)[0]
+        ended = await client.post(f"{PAGE}/users/{user_id}/sessions/end", data={"csrf": csrf}, follow_redirects=True)
+        assert "1 session of ann ended: it signs in again." in ended.text
+        after = await ann.get("/admin/projects")
+        assert (after.status_code, after.headers["location"]) == (303, "/admin/login")
+        forged = await client.post(f"{PAGE}/users/{user_id}/sessions/end", data={"csrf": "forged"})
+        assert forged.status_code == 403
+
+        # Ending your own signs you out here too.
+        row = _row((await client.get(PAGE)).text, "admin")
+        mine = re.findall(r"/admin/admins/users/([^/]+)/sessions/end", row)[0]
+        own = await client.post(f"{PAGE}/users/{mine}/sessions/end", data={"csrf": csrf})
+        assert (own.status_code, own.headers["location"]) == (303, "/admin/login")
+        assert (await client.get(PAGE)).status_code == 303
+    finally:
+        await ann.aclose()

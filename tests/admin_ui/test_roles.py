@@ -119,7 +119,7 @@ def test_the_walk_covers_the_panel() -> None:
     assert ("POST", "/projects/{project_id}/integrations/{provider}/keys") in PANEL_ROUTES
     assert ("GET", "/audit/export") in PANEL_ROUTES
     assert {("GET", "/admins"), ("POST", "/admins/users"), ("POST", "/admins/tokens/{token_id}/role")} <= ADMIN_PAGES
-    assert len(ADMIN_PAGES) == 9
+    assert len(ADMIN_PAGES) == 10
     assert {path for _, path in PANEL_ROUTES} >= FORM_PAGES
 
 

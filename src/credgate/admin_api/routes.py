@@ -20,6 +20,7 @@ from credgate.admin_api.schemas import (
     BudgetOut,
     BudgetPatchIn,
     DeliveryOut,
+    EndedSessionsOut,
     EndpointsIn,
     EventOut,
     IntegrationIn,
@@ -562,6 +563,12 @@ async def delete_admin_user(username: str, ctx: ContextDep, actor: Actor) -> Res
     """Delete a panel user; its sessions end at once. Never the last owner."""
     await admins.delete_admin_user(ctx, username=username, actor=actor)
     return Response(status_code=204)
+
+
+@router.delete("/admin-sessions/{username:path}")
+async def end_admin_sessions(username: str, ctx: ContextDep, actor: Actor) -> EndedSessionsOut:
+    """End every panel session of a user at once; it signs in again at its next page."""
+    return EndedSessionsOut(ended=await admins.end_admin_sessions(ctx, username=username, actor=actor))
 
 
 @router.get("/admin-tokens")

@@ -559,6 +559,10 @@ class RoleIn(In):
     project_ids: GrantedProjects = []
 
 
+class EndedSessionsOut(BaseModel):
+    ended: int  # the panel sessions of the user that were open
+
+
 class AdminUserOut(BaseModel):
     """A panel user: how it signs in, never its password's hash."""
 

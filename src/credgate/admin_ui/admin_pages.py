@@ -109,6 +109,17 @@ async def set_user_role(request: Request) -> Response:
     return redirect("/admin/projects" if user.username == current.user.username else PAGE)
 
 
+async def end_user_sessions(request: Request) -> Response:
+    current = await _owner(request)
+    await form_of(request, current)
+    user = await admins.get_admin_user(current.ctx, user_id=request.path_params["user_id"])
+    ended = await admins.end_admin_sessions(current.ctx, username=user.username, actor=current.actor)
+    if user.username == current.user.username:
+        return redirect("/admin/login")  # this session was one of them
+    await current.flash(f"{ended} session{'' if ended == 1 else 's'} of {user.username} ended: it signs in again.")
+    return redirect(PAGE)
+
+
 async def confirm_delete_user(request: Request) -> Response:
     current = await _owner(request, changing=True)
     user = await admins.get_admin_user(current.ctx, user_id=request.path_params["user_id"])
@@ -198,6 +209,7 @@ routes = [
     Route("/admins", page, methods=["GET"]),
     Route("/admins/users", add_user, methods=["POST"]),
     Route("/admins/users/{user_id}/role", set_user_role, methods=["POST"]),
+    Route("/admins/users/{user_id}/sessions/end", end_user_sessions, methods=["POST"]),
     Route("/admins/users/{user_id}/delete", confirm_delete_user, methods=["GET"]),
     Route("/admins/users/{user_id}/delete", delete_user, methods=["POST"]),
     Route("/admins/tokens", add_token, methods=["POST"]),

@@ -162,6 +162,14 @@ async def delete_admin_user(ctx: Context, *, username: str, actor: str) -> None:
         await repo.delete(user)
 
 
+async def end_admin_sessions(ctx: Context, *, username: str, actor: str) -> int:
+    """End every panel session of a user at once (a lost laptop, a shared screen): the next page of each asks it
+    to sign in again. Returns how many there were."""
+    async with ctx.change(actor=actor, action="admin_user.end_sessions", detail={"username": username}) as repo:
+        user = await _find_user(repo, username)
+        return await repo.delete_admin_sessions_of(user.id)
+
+
 async def list_admin_tokens(ctx: Context) -> Sequence[AdminToken]:
     """Every admin token, oldest first. Rows: what a caller shows of one is its `prefix`, never its hash."""
     async with ctx.database.transaction(write=False) as repo:

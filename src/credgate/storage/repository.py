@@ -206,10 +206,11 @@ class Repository:
             found += [str(each) for each in (await self._session.scalars(statement)).all()]
         return found
 
-    async def delete_admin_sessions_of(self, user_id: str) -> None:
+    async def delete_admin_sessions_of(self, user_id: str) -> int:
         """End every session of a user, its panel state with it (as the foreign key's cascade would: said here
-        rather than left to it)."""
-        await self._session.execute(delete(AdminSession).where(AdminSession.user_id == user_id))
+        rather than left to it). Returns how many there were."""
+        result = await self._session.execute(delete(AdminSession).where(AdminSession.user_id == user_id))
+        return int(getattr(result, "rowcount", 0))
 
     async def get_admin_session(self, session_id: str) -> AdminSession | None:
         return await self._session.get(AdminSession, session_id)
