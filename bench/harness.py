@@ -70,14 +70,17 @@ def add_bench_project(
     *,
     rate_limit: int | None = None,
     budgets: bool = False,
+    max_concurrent: int | None = None,
 ) -> str:
     """Create the project `bench` with an `openai` integration at the stand-in upstream (and `rate_limit` requests
-    a minute, if given; with `budgets`, a requests, a tokens and a cost budget far above the load, and a price
-    list); returns its token."""
+    a minute, or a cap of `max_concurrent` requests under way, if given; with `budgets`, a requests, a tokens and a
+    cost budget far above the load, and a price list); returns its token."""
     project = json.loads(credgate(env, "projects", "create", "bench"))
     project_id, token = project["project"]["id"], project["secret"]
     if rate_limit is not None:
         credgate(env, "projects", "update", project_id, "--rate-limit", str(rate_limit))
+    if max_concurrent is not None:
+        credgate(env, "projects", "update", project_id, "--max-concurrent", str(max_concurrent))
     credgate(
         env,
         "integrations",

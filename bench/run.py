@@ -53,6 +53,7 @@ UNOBSERVED = "credgate 1 worker, no access log, no metrics"
 TRACED = "credgate 1 worker, traces exported"
 SHARED_LIMIT = "credgate 1 worker, rate limit in Redis"
 BUDGETED = "credgate 1 worker, 3 budgets in Redis"
+CAPPED = "credgate 1 worker, cap on requests under way in Redis"
 CLIENT_TOKEN = "credgate 1 worker, client token"  # noqa: S105 - a row name
 MINTING = "credgate 1 worker, minting client tokens"
 REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -197,6 +198,14 @@ def main() -> None:
         budget_port = free_port()
         command = pinned(GATEWAY_CORE, [*serve, str(budget_port)])
         systems.append(System(BUDGETED, command, budget_port, chat, sse, shared, budgeted))
+        # What a cap on requests under way costs: a place taken and given back in Redis for every request.
+        capped = work / "capped.lua"
+        capped.write_text(
+            LUA % add_bench_project(env, upstream_port, ["POST chat/completions", "GET sse"], max_concurrent=10**5)
+        )
+        capped_port = free_port()
+        command = pinned(GATEWAY_CORE, [*serve, str(capped_port)])
+        systems.append(System(CAPPED, command, capped_port, chat, sse, shared, capped))
     else:
         print(f"no Redis answers at {REDIS_URL}: the shared rate limit is not measured", file=sys.stderr)
     upstream = subprocess.Popen(
@@ -352,6 +361,13 @@ def render(
             "- three budgets (requests, tokens, cost) counted in Redis (one script call for the admissions of each "
             f"event-loop turn, the settlements batched) cost {budget_cost:.0%} of one worker's throughput at 64 "
             f"connections and add {p50(BUDGETED) - p50(one):.2f} ms at p50 at 1 connection"
+        )
+    if (CAPPED, 64) in rows:
+        cap_cost = 1 - rps(CAPPED) / rps(one)
+        lines.append(
+            "- a cap on requests under way counted in Redis (a place taken in one script call per event-loop turn, "
+            f"given back in one call each) costs {cap_cost:.0%} of one worker's throughput at 64 connections and "
+            f"adds {p50(CAPPED) - p50(one):.2f} ms at p50 at 1 connection"
         )
     check_cost = 1 - rps(CLIENT_TOKEN) / rps(one)
     lines.append(
