@@ -113,7 +113,8 @@ class SharedPlaces:
             back="Redis answers again: requests under way are counted for the fleet again",
             retry_seconds=RETRY_SECONDS,
         )
-        self._names = (f"{secrets.token_hex(8)}:{number}" for number in itertools.count())
+        process = secrets.token_hex(8)  # the members of this process, apart from every other's
+        self._names = (f"{process}:{number}" for number in itertools.count())
         self._held: dict[str, str] = {}  # member → its set: the places of this process's requests under way
         self._batch: list[tuple[str, str, int, asyncio.Future[bool | None]]] = []
         self._tasks: set[asyncio.Task[None]] = set()
