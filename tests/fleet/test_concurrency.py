@@ -52,22 +52,37 @@ async def test_three_processes_taking_at_once_share_one_cap_and_a_place_given_ba
     assert await under_way(fleets[0], "p1") == 3
     assert await shared[1].take("p1", 4) is not None
     assert await shared[2].take("p1", 4) is None
+    for each in shared:
+        await each.aclose()
 
 
 async def test_the_places_of_a_process_that_died_free_at_their_lease_while_a_live_process_keeps_its_own(
     fleets: list[Fleet],
 ) -> None:
-    living, dying = places(fleets[:2], lease_seconds=0.6)
+    living, dying = places(fleets[:2], lease_seconds=1.5)
     kept = await living.take("p1", 2)
     lost = await dying.take("p1", 2)
     assert kept is not None
     assert lost is not None
     assert await living.take("p1", 2) is None
     await dying.aclose()  # dies: gives nothing back, renews nothing more
-    await asyncio.sleep(1.5)  # two leases and a half: the living process renewed its place meanwhile
+    await asyncio.sleep(3.5)  # over two leases: the living process renewed its place meanwhile
     assert await under_way(fleets[0], "p1") == 1
     assert await living.take("p1", 2) is not None
     assert await living.take("p1", 2) is None
+    await living.aclose()
+
+
+async def test_a_place_redis_lost_is_put_back_at_the_next_renewal(fleets: list[Fleet]) -> None:
+    """A Redis restarted empty, or an outage longer than a lease: the requests still under way count again."""
+    shared = places(fleets, lease_seconds=1.5)[0]
+    assert await shared.take("p1", 1) is not None
+    await fleets[0].redis.delete(fleets[0].key("under-way", "p1"))
+    assert await under_way(fleets[0], "p1") == 0
+    await asyncio.sleep(1.0)  # a renewal (every 0.5 s) has come
+    assert await under_way(fleets[0], "p1") == 1
+    assert await shared.take("p1", 1) is None
+    await shared.aclose()
 
 
 async def test_a_request_that_leaves_while_its_place_is_asked_for_gives_it_back(fleets: list[Fleet]) -> None:

@@ -2,11 +2,11 @@
 instance that share a Redis.
 
 In Redis, a project's requests under way are the members of one sorted set, each scored with the end of its
-lease. A request takes a place when fewer members than the cap hold an unexpired lease (one script call for the
-requests of each event-loop turn) and gives it back when it ends. Each process renews the leases of its requests
-every third of a lease, so a long stream keeps its place while a process that dies without giving its places
-back frees them when their leases run out. When Redis does not answer, places are counted in this process
-(logged once), and Redis is tried again a second later.
+lease. A request takes a place when fewer members than the cap hold an unexpired lease and gives it back when it
+ends: one script call for the requests of each event-loop turn, either way. Each process renews the leases of its
+requests every third of a lease, so a long stream keeps its place, while the places of a process that dies free
+themselves when their leases run out. When Redis does not answer, places are counted in this process (logged
+once), and Redis is tried again a second later.
 """
 
 import asyncio
@@ -43,13 +43,21 @@ for i, key in ipairs(KEYS) do
 end
 return taken
 """
-# KEYS[i] a set, ARGV[1] the lease in ms, ARGV[i + 1] a member of it still under way: its lease starts again.
+# KEYS[i] a set, ARGV[1] the lease in ms, ARGV[i + 1] a member of it still under way: its lease starts again. A
+# member Redis lost meanwhile (a restart, an outage longer than a lease) is put back, so the count is whole again.
 _RENEW = """
 local now = redis.call('TIME')
 local until_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000) + tonumber(ARGV[1])
 for i, key in ipairs(KEYS) do
-  redis.call('ZADD', key, 'XX', until_ms, ARGV[i + 1])
+  redis.call('ZADD', key, until_ms, ARGV[i + 1])
   redis.call('PEXPIRE', key, tonumber(ARGV[1]))
+end
+return 0
+"""
+# KEYS[i] a set, ARGV[i] a member of it whose request has ended.
+_RELEASE = """
+for i, key in ipairs(KEYS) do
+  redis.call('ZREM', key, ARGV[i])
 end
 return 0
 """
@@ -104,6 +112,7 @@ class SharedPlaces:
         self._fleet = fleet
         self._take = fleet.redis.register_script(_TAKE)
         self._renew = fleet.redis.register_script(_RENEW)
+        self._release = fleet.redis.register_script(_RELEASE)
         self._local = local
         self._lease_ms = int(lease_seconds * 1000)
         self._renew_seconds = lease_seconds / 3
@@ -114,22 +123,29 @@ class SharedPlaces:
             retry_seconds=RETRY_SECONDS,
         )
         process = secrets.token_hex(8)  # the members of this process, apart from every other's
-        self._names = (f"{process}:{number}" for number in itertools.count())
+        self._member_ids = (f"{process}:{number}" for number in itertools.count())
         self._held: dict[str, str] = {}  # member → its set: the places of this process's requests under way
-        self._batch: list[tuple[str, str, int, asyncio.Future[bool | None]]] = []
+        self._asking: list[tuple[str, str, int, asyncio.Future[bool | None]]] = []
+        self._returning: list[tuple[str, str]] = []  # (set, member): given back in this turn
         self._tasks: set[asyncio.Task[None]] = set()
         self._renewing: asyncio.Task[None] | None = None
 
     async def take(self, project_id: str, cap: int) -> Place | None:
-        if not self._batch and not self._outage.may_try():
+        if not self._asking and not self._outage.may_try():
             return self._local.take_now(project_id, cap)
         loop = asyncio.get_running_loop()
         answer: asyncio.Future[bool | None] = loop.create_future()
-        if not self._batch:
-            loop.call_soon(self._send)  # once every request of this turn has joined
-        member = next(self._names)
-        self._batch.append((self._fleet.key("under-way", project_id), member, cap, answer))
-        taken = await answer
+        if not self._asking:
+            loop.call_soon(self._send_asking)  # once every request of this turn has joined
+        member = next(self._member_ids)
+        self._asking.append((self._fleet.key("under-way", project_id), member, cap, answer))
+        try:
+            taken = await answer
+        except asyncio.CancelledError:
+            # The request left. The answer may have come in the meantime (a place taken): it goes back.
+            if answer.done() and not answer.cancelled() and answer.result():
+                self.give_back(Place(project_id, member))
+            raise
         if taken is None:
             return self._local.take_now(project_id, cap)
         return Place(project_id, member) if taken else None
@@ -140,11 +156,23 @@ class SharedPlaces:
             return
         key = self._held.pop(place.member, None)
         if key is not None:
-            self._spawn(self._give_back(key, place.member))
+            self._return(key, place.member)
 
-    def _send(self) -> None:
-        batch, self._batch = self._batch, []
+    def _return(self, key: str, member: str) -> None:
+        """Remove the member with the others of this turn, in one call; while Redis fails, its lease frees it."""
+        if self._outage.failing:
+            return
+        if not self._returning:
+            asyncio.get_running_loop().call_soon(self._send_returning)
+        self._returning.append((key, member))
+
+    def _send_asking(self) -> None:
+        batch, self._asking = self._asking, []
         self._spawn(self._ask(batch))
+
+    def _send_returning(self) -> None:
+        batch, self._returning = self._returning, []
+        self._spawn(self._remove(batch))
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(work)
@@ -163,24 +191,26 @@ class SharedPlaces:
             answers = [bool(int(one)) for one in taken]
         except Exception as error:  # whatever the client raises: no request may fail for it
             self._outage.failed(error)
+            # A call that timed out may still have taken places, which its requests, counted here, do not hold.
+            self._spawn(self._remove([(key, member) for key, member, _, _ in batch]))
         else:
             self._outage.answered()
         finally:
             for (key, member, _, answer), taken in zip(batch, answers, strict=False):
-                if answer.done():  # its request has gone (the client left): a place it took is given back
+                if answer.done():  # its request has gone (the client left): a place it took goes back
                     if taken:
-                        self._spawn(self._give_back(key, member))
+                        self._return(key, member)
                     continue
                 if taken:
                     self._held[member] = key
                     self._keep_renewing()
                 answer.set_result(taken)
 
-    async def _give_back(self, key: str, member: str) -> None:
+    async def _remove(self, places: list[tuple[str, str]]) -> None:
         try:
             async with asyncio.timeout(ANSWER_TIMEOUT_SECONDS):
-                await self._fleet.redis.zrem(key, member)
-        except Exception as error:  # the place is freed when its lease runs out
+                await self._release(keys=[key for key, _ in places], args=[member for _, member in places])
+        except Exception as error:  # each place is freed when its lease runs out
             self._outage.failed(error)
 
     def _keep_renewing(self) -> None:
@@ -198,9 +228,16 @@ class SharedPlaces:
                     await self._renew(keys=[key for _, key in held], args=[self._lease_ms, *(m for m, _ in held)])
             except Exception as error:  # tried again at the next renewal, well within the lease
                 self._outage.failed(error)
+                continue
+            # A place given back while the renewal was on its way may have been put back by it: remove it again.
+            returned = [(key, member) for member, key in held if member not in self._held]
+            if returned:
+                self._spawn(self._remove(returned))
 
     async def aclose(self) -> None:
         """Give back what is being given back, stop the rest (shutting down): places still held run out."""
         if self._renewing is not None:
             self._renewing.cancel()
+        if self._returning:
+            self._send_returning()
         await asyncio.gather(*self._tasks, *([self._renewing] if self._renewing else []), return_exceptions=True)

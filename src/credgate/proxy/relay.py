@@ -102,7 +102,7 @@ UNAUTHORIZED_MESSAGE = "invalid project token or expired authentication"
 # RFC 6750: a 401 names the scheme the client should use.
 
 
-class _PastTotalTimeout(TimeoutError):
+class _PastTotalTimeout(Exception):
     """The integration's total timeout ran out while the response was being relayed."""
 
 
@@ -590,6 +590,8 @@ class ProxyApp:
             if span is not None:
                 span.start_upstream(plan.method, url.host or "", url.port)
             left = record.started + integration.total_timeout_seconds - time.perf_counter()
+            if left <= 0:  # nothing is sent (the provider would work, and bill, for an answer nobody waits for)
+                raise TimeoutError
             with self.deadlines.within(min(integration.timeout_seconds, left)):
                 response = await self.upstreams.session_for(integration.private_networks).request(
                     plan.method, url, headers=headers, data=data, allow_redirects=False
@@ -733,7 +735,7 @@ class ProxyApp:
                         if left <= idle_seconds:
                             raise _PastTotalTimeout from None
                         raise
-                elif time.perf_counter() >= ends_at:  # a response that never lets the relay wait
+                elif not content.is_eof() and time.perf_counter() >= ends_at:  # one that never lets the relay wait
                     raise _PastTotalTimeout
                 done = content.at_eof()
                 watch.finishing = done
