@@ -17,6 +17,7 @@ from datetime import datetime
 from typing import TypeVar
 
 from credgate.fleet.fleet import ANSWER_TIMEOUT_SECONDS, RETRY_SECONDS, Fleet
+from credgate.fleet.turns import TurnBatch
 from credgate.outages import Outage
 from credgate.spending import BudgetRule, Charge
 
@@ -144,8 +145,9 @@ class SharedBudgets:
         )
         self._settling: set[asyncio.Task[None]] = set()
         self._seeding: dict[str, asyncio.Future[None]] = {}
-        self._batch: list[tuple[list[str], list[int], asyncio.Future[int | None]]] = []
-        self._sending: set[asyncio.Task[None]] = set()
+        self._admissions: TurnBatch[tuple[list[str], list[int]], int] = TurnBatch(
+            self._call, self._outage, failed=self._failed
+        )
 
     async def admit(self, project_id: str, rules: Sequence[BudgetRule], at: datetime) -> BudgetRule | None:
         """None when every budget in `rules` has room (requests are then counted), else the first that has not.
@@ -153,7 +155,7 @@ class SharedBudgets:
         keys = [self._fleet.key("budget", rule.counter(at)) for rule in rules]
         args = [number for rule in rules for number in (rule.amount, rule.admission)]
         for _ in range(len(rules) + 1):
-            answer = await self._ask(keys, args)
+            answer = await self._admissions.ask((keys, args))
             if answer is None:  # Redis does not answer: this process counts alone
                 return await self._local.admit(project_id, rules, at)
             if answer == 0:
@@ -164,45 +166,16 @@ class SharedBudgets:
             await _once(self._seeding, key, functools.partial(self._seed_shared, project_id, rule, at, key))
         return await self._local.admit(project_id, rules, at)  # counters that kept going away: counted here
 
-    async def _ask(self, keys: list[str], args: list[int]) -> int | None:
-        """This admission's answer from the turn's call; None when Redis did not answer (or is known not to)."""
-        if not self._batch and not self._outage.may_try():
-            return None
-        loop = asyncio.get_running_loop()
-        answer: asyncio.Future[int | None] = loop.create_future()
-        if not self._batch:
-            loop.call_soon(self._send)  # once every admission of this turn has joined
-        self._batch.append((keys, args, answer))
-        return await answer
-
-    def _send(self) -> None:
-        batch, self._batch = self._batch, []
-        batch = [entry for entry in batch if not entry[2].done()]  # a request gone (its client left): not counted
-        if not batch:
-            return
-        task = asyncio.ensure_future(self._ask_redis(batch))
-        self._sending.add(task)
-        task.add_done_callback(self._sending.discard)
-
-    async def _ask_redis(self, batch: list[tuple[list[str], list[int], asyncio.Future[int | None]]]) -> None:
-        answers: list[int | None] = [None] * len(batch)
-        try:
-            if self._outage.failing:  # Redis is back: first what this process counted alone
-                await self._reconcile()
-            async with asyncio.timeout(ANSWER_TIMEOUT_SECONDS):
-                answered = await self._admit(
-                    keys=[key for keys, _, _ in batch for key in keys],
-                    args=[len(batch), *(number for keys, args, _ in batch for number in (len(keys), *args))],
-                )
-            answers = [int(answer) for answer in answered]
-        except Exception as error:  # whatever the client raises: no request may fail for it
-            self._failed(error)
-        else:
-            self._outage.answered()
-        finally:  # cancelled or not, every admission waiting gets its answer
-            for (_, _, future), answer in zip(batch, answers, strict=False):
-                if not future.done():  # its request may have gone (the client left)
-                    future.set_result(answer)
+    async def _call(self, admissions: list[tuple[list[str], list[int]]]) -> list[int]:
+        """The answers of a turn's admissions, in one call (first adding what this process counted alone, when
+        Redis answers again)."""
+        if self._outage.failing:
+            await self._reconcile()
+        answered = await self._admit(
+            keys=[key for keys, _ in admissions for key in keys],
+            args=[len(admissions), *(number for keys, args in admissions for number in (len(keys), *args))],
+        )
+        return [int(answer) for answer in answered]
 
     async def _seed_shared(self, project_id: str, rule: BudgetRule, at: datetime, key: str) -> None:
         spent = await self._seed(project_id, rule, rule.window(at)[0])  # the database's failure is the request's
@@ -251,9 +224,8 @@ class SharedBudgets:
 
     async def aclose(self) -> None:
         """Finish the settlements under way, stop the admissions' calls (shutting down)."""
-        for task in list(self._sending):
-            task.cancel()
-        await asyncio.gather(*self._sending, *self._settling, return_exceptions=True)
+        await self._admissions.aclose()
+        await asyncio.gather(*self._settling, return_exceptions=True)
 
 
 Budgets = LocalBudgets | SharedBudgets

@@ -10,14 +10,15 @@ once), and Redis is tried again a second later.
 """
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import secrets
-from collections.abc import Coroutine
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from credgate.fleet.fleet import ANSWER_TIMEOUT_SECONDS, RETRY_SECONDS, Fleet
+from credgate.fleet.turns import TurnBatch
 from credgate.outages import Outage
 
 logger = logging.getLogger(__name__)
@@ -125,30 +126,23 @@ class SharedPlaces:
         process = secrets.token_hex(8)  # the members of this process, apart from every other's
         self._member_ids = (f"{process}:{number}" for number in itertools.count())
         self._held: dict[str, str] = {}  # member → its set: the places of this process's requests under way
-        self._asking: list[tuple[str, str, int, asyncio.Future[bool | None]]] = []
+        # (set, member, cap) → whether it took a place; one whose request left meanwhile goes back.
+        self._takes: TurnBatch[tuple[str, str, int], bool] = TurnBatch(self._call, self._outage, abandoned=self._left)
         self._returning: list[tuple[str, str]] = []  # (set, member): given back in this turn
         self._tasks: set[asyncio.Task[None]] = set()
         self._renewing: asyncio.Task[None] | None = None
+        self._closing = asyncio.Event()
 
     async def take(self, project_id: str, cap: int) -> Place | None:
-        if not self._asking and not self._outage.may_try():
-            return self._local.take_now(project_id, cap)
-        loop = asyncio.get_running_loop()
-        answer: asyncio.Future[bool | None] = loop.create_future()
-        if not self._asking:
-            loop.call_soon(self._send_asking)  # once every request of this turn has joined
-        member = next(self._member_ids)
-        self._asking.append((self._fleet.key("under-way", project_id), member, cap, answer))
-        try:
-            taken = await answer
-        except asyncio.CancelledError:
-            # The request left. The answer may have come in the meantime (a place taken): it goes back.
-            if answer.done() and not answer.cancelled() and answer.result():
-                self.give_back(Place(project_id, member))
-            raise
+        key, member = self._fleet.key("under-way", project_id), next(self._member_ids)
+        taken = await self._takes.ask((key, member, cap))
         if taken is None:
             return self._local.take_now(project_id, cap)
-        return Place(project_id, member) if taken else None
+        if not taken:
+            return None
+        self._held[member] = key
+        self._keep_renewing()
+        return Place(project_id, member)
 
     def give_back(self, place: Place) -> None:
         if place.member is None:
@@ -158,6 +152,11 @@ class SharedPlaces:
         if key is not None:
             self._return(key, place.member)
 
+    def _left(self, asked: tuple[str, str, int], taken: bool) -> None:
+        """A request that left as its place was being taken: the place goes back."""
+        if taken:
+            self._return(asked[0], asked[1])
+
     def _return(self, key: str, member: str) -> None:
         """Remove the member with the others of this turn, in one call; while Redis fails, its lease frees it."""
         if self._outage.failing:
@@ -166,45 +165,26 @@ class SharedPlaces:
             asyncio.get_running_loop().call_soon(self._send_returning)
         self._returning.append((key, member))
 
-    def _send_asking(self) -> None:
-        batch, self._asking = self._asking, []
-        self._spawn(self._ask(batch))
-
     def _send_returning(self) -> None:
         batch, self._returning = self._returning, []
-        self._spawn(self._remove(batch))
-
-    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.ensure_future(work)
+        if not batch:
+            return
+        task = asyncio.ensure_future(self._remove(batch))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _ask(self, batch: list[tuple[str, str, int, asyncio.Future[bool | None]]]) -> None:
-        """Answer every request of `batch`: whether it took a place, or None to count it locally."""
-        answers: list[bool | None] = [None] * len(batch)
+    async def _call(self, takes: list[tuple[str, str, int]]) -> list[bool]:
+        args: list[int | str] = [self._lease_ms]
+        for _, member, cap in takes:
+            args += [member, cap]
         try:
-            args: list[int | str] = [self._lease_ms]
-            for _, member, cap, _ in batch:
-                args += [member, cap]
-            async with asyncio.timeout(ANSWER_TIMEOUT_SECONDS):
-                taken = await self._take(keys=[key for key, _, _, _ in batch], args=args)
-            answers = [bool(int(one)) for one in taken]
-        except Exception as error:  # whatever the client raises: no request may fail for it
-            self._outage.failed(error)
+            taken = await self._take(keys=[key for key, _, _ in takes], args=args)
+        except BaseException:
             # A call that timed out may still have taken places, which its requests, counted here, do not hold.
-            self._spawn(self._remove([(key, member) for key, member, _, _ in batch]))
-        else:
-            self._outage.answered()
-        finally:
-            for (key, member, _, answer), taken in zip(batch, answers, strict=False):
-                if answer.done():  # its request has gone (the client left): a place it took goes back
-                    if taken:
-                        self._return(key, member)
-                    continue
-                if taken:
-                    self._held[member] = key
-                    self._keep_renewing()
-                answer.set_result(taken)
+            for key, member, _ in takes:
+                self._return(key, member)
+            raise
+        return [bool(int(one)) for one in taken]
 
     async def _remove(self, places: list[tuple[str, str]]) -> None:
         try:
@@ -219,9 +199,11 @@ class SharedPlaces:
 
     async def _renew_while_held(self) -> None:
         while self._held:
-            await asyncio.sleep(self._renew_seconds)
+            with contextlib.suppress(TimeoutError):  # the next renewal is due, unless the process stops first
+                async with asyncio.timeout(self._renew_seconds):
+                    await self._closing.wait()
             held = list(self._held.items())
-            if not held:
+            if not held or self._closing.is_set():
                 return
             try:
                 async with asyncio.timeout(ANSWER_TIMEOUT_SECONDS):
@@ -230,14 +212,16 @@ class SharedPlaces:
                 self._outage.failed(error)
                 continue
             # A place given back while the renewal was on its way may have been put back by it: remove it again.
-            returned = [(key, member) for member, key in held if member not in self._held]
-            if returned:
-                self._spawn(self._remove(returned))
+            for member, key in held:
+                if member not in self._held:
+                    self._return(key, member)
 
     async def aclose(self) -> None:
-        """Give back what is being given back, stop the rest (shutting down): places still held run out."""
-        if self._renewing is not None:
-            self._renewing.cancel()
+        """Give back what is being given back, stop the rest (shutting down): places still held run out. A
+        renewal under way ends by itself (within the answer timeout): a Redis call cut off by a cancellation can
+        leave the client waiting on its connection."""
+        self._closing.set()
+        await self._takes.aclose()
         if self._returning:
             self._send_returning()
         await asyncio.gather(*self._tasks, *([self._renewing] if self._renewing else []), return_exceptions=True)

@@ -8,14 +8,14 @@ differ still agree. When Redis does not answer, the request is counted in this p
 and Redis is tried again a second later.
 """
 
-import asyncio
 import logging
 import math
 import time
 from dataclasses import dataclass
 from typing import Protocol
 
-from credgate.fleet.fleet import ANSWER_TIMEOUT_SECONDS, RETRY_SECONDS, Fleet
+from credgate.fleet.fleet import RETRY_SECONDS, Fleet
+from credgate.fleet.turns import TurnBatch
 from credgate.outages import Outage
 
 logger = logging.getLogger(__name__)
@@ -84,66 +84,33 @@ class RateLimiter:
 
 
 class SharedRateLimiter:
-    """The RateLimits of a fleet: counted in Redis, in `local` while Redis does not answer.
-
-    The checks that come in one turn of the event loop go to Redis together, in one script call: under load, one
-    round trip serves many requests, and a request never waits for another turn. A call that fails, or takes over
-    ANSWER_TIMEOUT_SECONDS, sends its checks to `local`; so does every check after it, but for one call a second
-    that tries Redis again.
-    """
+    """The RateLimits of a fleet: counted in Redis (the checks of a turn in one call), in `local` while Redis
+    does not answer."""
 
     def __init__(self, fleet: Fleet, local: RateLimiter) -> None:
         self._fleet = fleet
         self._script = fleet.redis.register_script(_GCRA)
         self._local = local
-        self._outage = Outage(
+        outage = Outage(
             logger,
             down="Redis does not answer (%s): rate limits are counted per process until it does",
             back="Redis answers again: rate limits are shared again",
             retry_seconds=RETRY_SECONDS,
         )
-        self._batch: list[tuple[str, int, asyncio.Future[float | None]]] = []
-        self._sending: set[asyncio.Task[None]] = set()
+        self._checks: TurnBatch[tuple[str, int], float] = TurnBatch(self._call, outage)
 
     async def check(self, project_id: str, rate_per_minute: int) -> float:
         """0 when the request may go now, else the seconds to wait before one may."""
-        if not self._batch and not self._outage.may_try():
-            return self._local.acquire(project_id, rate_per_minute)
-        loop = asyncio.get_running_loop()
-        answer: asyncio.Future[float | None] = loop.create_future()
-        if not self._batch:
-            loop.call_soon(self._send)  # once every check of this turn has joined
-        self._batch.append((self._fleet.key("rate", project_id), rate_per_minute, answer))
-        wait = await answer
+        wait = await self._checks.ask((self._fleet.key("rate", project_id), rate_per_minute))
         return self._local.acquire(project_id, rate_per_minute) if wait is None else wait
 
-    def _send(self) -> None:
-        batch, self._batch = self._batch, []
-        task = asyncio.ensure_future(self._ask(batch))
-        self._sending.add(task)
-        task.add_done_callback(self._sending.discard)
-
-    async def _ask(self, batch: list[tuple[str, int, asyncio.Future[float | None]]]) -> None:
-        """Answer every check of `batch`: the seconds to wait, or None to count it locally."""
-        waits: list[float | None] = [None] * len(batch)
-        try:
-            async with asyncio.timeout(ANSWER_TIMEOUT_SECONDS):
-                answered = await self._script(keys=[key for key, _, _ in batch], args=[rate for _, rate, _ in batch])
-            waits = [int(wait_us) / 1_000_000 for wait_us in answered]
-        except Exception as error:  # whatever the client raises: no request may fail for it
-            self._outage.failed(error)
-        else:
-            self._outage.answered()
-        finally:  # cancelled or not, every request waiting gets its answer
-            for (_, _, answer), wait in zip(batch, waits, strict=False):
-                if not answer.done():  # its request may have gone (the client left)
-                    answer.set_result(wait)
+    async def _call(self, checks: list[tuple[str, int]]) -> list[float]:
+        answered = await self._script(keys=[key for key, _ in checks], args=[rate for _, rate in checks])
+        return [int(wait_us) / 1_000_000 for wait_us in answered]
 
     async def aclose(self) -> None:
         """Stop the calls under way (shutting down): their requests are counted locally."""
-        for task in list(self._sending):
-            task.cancel()
-        await asyncio.gather(*self._sending, return_exceptions=True)
+        await self._checks.aclose()
 
 
 def retry_after_header(wait_seconds: float) -> str:

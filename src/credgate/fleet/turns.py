@@ -1,0 +1,88 @@
+"""The questions of one event-loop turn, asked of Redis in one call.
+
+The rate limits, the budgets and the caps on requests under way each ask Redis something for every request. Asked
+together, the questions of a turn cost one round trip: under load one call serves many requests, and a request
+never waits for another turn. A call that fails, or takes over ANSWER_TIMEOUT_SECONDS, answers None to each of
+its questions (the caller then counts in this process); while the outage lasts, questions are answered None at
+once, but for one call a second that tries Redis again.
+"""
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Generic, TypeVar
+
+from credgate.fleet.fleet import ANSWER_TIMEOUT_SECONDS
+from credgate.outages import Outage
+
+Question = TypeVar("Question")
+Answer = TypeVar("Answer")
+
+
+class TurnBatch(Generic[Question, Answer]):
+    def __init__(
+        self,
+        call: Callable[[list[Question]], Awaitable[Sequence[Answer]]],
+        outage: Outage,
+        *,
+        failed: Callable[[BaseException], None] | None = None,
+        abandoned: Callable[[Question, Answer], None] | None = None,
+    ) -> None:
+        """`call` answers a turn's questions, in order. `failed` is told of a failed call (the outage by
+        default). `abandoned` is given an answer whose request left before it came (a place taken, say)."""
+        self._call = call
+        self._outage = outage
+        self._failed = failed or outage.failed
+        self._abandoned = abandoned
+        self._waiting: list[tuple[Question, asyncio.Future[Answer | None]]] = []
+        self._calls: set[asyncio.Task[None]] = set()
+
+    async def ask(self, question: Question) -> Answer | None:
+        """The answer from this turn's call; None when Redis does not answer (or is known not to)."""
+        if not self._waiting and not self._outage.may_try():
+            return None
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[Answer | None] = loop.create_future()
+        if not self._waiting:
+            loop.call_soon(self._send)  # once every question of this turn has joined
+        self._waiting.append((question, answer))
+        try:
+            return await answer
+        except asyncio.CancelledError:  # the request left, maybe just as its answer came
+            if answer.done() and not answer.cancelled():
+                self._abandon(question, answer.result())
+            raise
+
+    def _send(self) -> None:
+        batch, self._waiting = self._waiting, []
+        batch = [entry for entry in batch if not entry[1].done()]  # a request gone before the call: not asked
+        if not batch:
+            return
+        call = asyncio.ensure_future(self._answer(batch))
+        self._calls.add(call)
+        call.add_done_callback(self._calls.discard)
+
+    async def _answer(self, batch: list[tuple[Question, asyncio.Future[Answer | None]]]) -> None:
+        answers: list[Answer | None] = [None] * len(batch)
+        try:
+            async with asyncio.timeout(ANSWER_TIMEOUT_SECONDS):
+                answers = list(await self._call([question for question, _ in batch]))
+        except Exception as error:  # whatever the client raises: no request may fail for it
+            self._failed(error)
+        else:
+            self._outage.answered()
+        finally:  # cancelled or not, every request waiting gets its answer
+            for (question, future), answer in zip(batch, answers, strict=False):
+                if future.done():  # its request has gone (the client left)
+                    self._abandon(question, answer)
+                else:
+                    future.set_result(answer)
+
+    def _abandon(self, question: Question, answer: Answer | None) -> None:
+        if self._abandoned is not None and answer is not None:
+            self._abandoned(question, answer)
+
+    async def aclose(self) -> None:
+        """Stop the calls under way (shutting down): their requests are answered None."""
+        for call in list(self._calls):
+            call.cancel()
+        await asyncio.gather(*self._calls, return_exceptions=True)
