@@ -366,7 +366,7 @@ def render(
         cap_cost = 1 - rps(CAPPED) / rps(one)
         lines.append(
             "- a cap on requests under way counted in Redis (a place taken in one script call per event-loop turn, "
-            f"given back in one call each) costs {cap_cost:.0%} of one worker's throughput at 64 connections and "
+            f"given back in one call per turn) costs {cap_cost:.0%} of one worker's throughput at 64 connections and "
             f"adds {p50(CAPPED) - p50(one):.2f} ms at p50 at 1 connection"
         )
     check_cost = 1 - rps(CLIENT_TOKEN) / rps(one)
