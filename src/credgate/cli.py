@@ -6,7 +6,6 @@ never from arguments (which other users can see in the process list). Exit codes
 """
 
 import asyncio
-import gc
 import getpass
 import json
 import logging
@@ -199,7 +198,6 @@ def serve(settings: Settings, host: str | None, port: int | None, workers: int |
             ctx = await _open_and_announce(settings)
             server = uvicorn.Server(server_config(create_app(settings, context=ctx), settings))
             exit_zero_on_sigterm()
-            asyncio.get_running_loop().call_later(1.0, gc.freeze)  # start-up objects out of the collector's way
             try:
                 await server.serve(sockets=listeners)
             finally:
