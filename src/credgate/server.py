@@ -60,6 +60,34 @@ class _HeadRefused(Exception):
         self.message = message
 
 
+class _Timer:
+    """A callback armed for later, at most once at a time."""
+
+    __slots__ = ("_callback", "_delay", "_handle", "_loop")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, delay: float, callback: Callable[[], None]) -> None:
+        self._loop, self._delay, self._callback = loop, delay, callback
+        self._handle: asyncio.TimerHandle | None = None
+
+    @property
+    def armed(self) -> bool:
+        return self._handle is not None
+
+    def arm(self) -> None:
+        """Fire `delay` seconds from now, in place of any earlier arming."""
+        self.cancel()
+        self._handle = self._loop.call_later(self._delay, self._fire)
+
+    def cancel(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+    def _fire(self) -> None:
+        self._handle = None
+        self._callback()
+
+
 class BoundedHttpProtocol(HttpToolsProtocol):
     """HttpToolsProtocol that counts the bytes and headers of each request head as they arrive, and closes a
     connection whose response waits `send_timeout_seconds` for its client to read it."""
@@ -74,16 +102,16 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         self._header_count = 0
         self._refusal: _HeadRefused | None = None
         self._discarding = False
-        self._head_timer: asyncio.TimerHandle | None = None
-        self._send_timer: asyncio.TimerHandle | None = None
+        self._head_timer = _Timer(self.loop, self.head_timeout_seconds, self._head_timed_out)
+        self._send_timer = _Timer(self.loop, self.send_timeout_seconds, self._send_timed_out)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        self._start_head_timer()  # a connection that never sends a byte is closed too
+        self._head_timer.arm()  # a connection that never sends a byte is closed too
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._stop_head_timer()
-        self._stop_send_timer()
+        self._head_timer.cancel()
+        self._send_timer.cancel()
         super().connection_lost(exc)
 
     # The transport pauses the writer while more than its high-water mark (64 KiB) waits for the client, and
@@ -91,20 +119,14 @@ class BoundedHttpProtocol(HttpToolsProtocol):
     # otherwise. A client reading 48 KiB within the timeout (under 1 KiB/s at 60 s) is never cut.
     def pause_writing(self) -> None:
         super().pause_writing()
-        if self._send_timer is None:
-            self._send_timer = self.loop.call_later(self.send_timeout_seconds, self._send_timed_out)
+        if not self._send_timer.armed:
+            self._send_timer.arm()
 
     def resume_writing(self) -> None:
         super().resume_writing()
-        self._stop_send_timer()
-
-    def _stop_send_timer(self) -> None:
-        if self._send_timer is not None:
-            self._send_timer.cancel()
-            self._send_timer = None
+        self._send_timer.cancel()
 
     def _send_timed_out(self) -> None:
-        self._send_timer = None
         logger.warning(
             "closed the connection of %s: its response waited %g s for the client to read it",
             _peer(self.client),
@@ -125,7 +147,7 @@ class BoundedHttpProtocol(HttpToolsProtocol):
             super().data_received(data)
             return
         if self._head_bytes == 0:
-            self._start_head_timer()
+            self._head_timer.arm()
         self._head_bytes += len(data)
         excess = self._head_bytes - self.max_header_bytes
         if excess <= 0:
@@ -160,30 +182,20 @@ class BoundedHttpProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._head_bytes = None
-        self._stop_head_timer()
+        self._head_timer.cancel()
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
         self._head_bytes = 0  # what arrives next is the next request's head
 
-    def _start_head_timer(self) -> None:
-        self._stop_head_timer()
-        self._head_timer = self.loop.call_later(self.head_timeout_seconds, self._head_timed_out)
-
-    def _stop_head_timer(self) -> None:
-        if self._head_timer is not None:
-            self._head_timer.cancel()
-            self._head_timer = None
-
     def _head_timed_out(self) -> None:
-        self._head_timer = None
         if self._head_bytes is not None and not self.transport.is_closing():
             self._refuse(408, "the request head was not sent in time")
 
     def _refuse(self, status: int, message: str) -> None:
         """Answer in the service-error shape and close: the rest of this connection cannot be trusted."""
-        self._stop_head_timer()
+        self._head_timer.cancel()
         request_id = secrets.token_hex(8)
         logger.warning("%d from %s: %s (request id %s)", status, _peer(self.client), message, request_id)
         body = error_body(status, message)
