@@ -95,6 +95,16 @@ class Served:
         return await self.http.get(f"{self.url}{path}", headers=bearer(token))
 
 
+async def get_504_at(served: Served, path: str, token: str, seconds: float) -> float:
+    """GET `path` through the gateway: it must be a 504 that took `seconds`, give or take LATE. Returns when the
+    request was sent."""
+    started = time.monotonic()
+    response = await served.get(path, token)
+    assert_service_error(response, 504)
+    assert seconds <= time.monotonic() - started < seconds + LATE
+    return started
+
+
 @pytest.fixture
 async def served(settings: Settings, ctx: Context) -> AsyncIterator[Served]:
     app = create_app(settings, context=ctx)
@@ -185,12 +195,8 @@ async def test_ft01_a_dns_lookup_that_never_answers_ends_at_the_integration_time
 
     monkeypatch.setattr(loop, "getaddrinfo", silent_server)
     await add_custom(ctx, project, "silent-dns", "http://credgate-ft01-silent.invalid/v1", timeout_seconds=0.5)
-    started = time.monotonic()
-    response = await served.get("/proxy/silent-dns/models", project.token)
-    elapsed = time.monotonic() - started
+    await get_504_at(served, "/proxy/silent-dns/models", project.token, 0.5)
     assert asked.is_set()
-    assert_service_error(response, 504)
-    assert 0.5 <= elapsed < 0.5 + LATE
 
 
 # FT-02 connect timeout
@@ -215,11 +221,7 @@ async def test_ft02_a_connect_that_never_completes_is_a_504_at_the_timeout_and_i
 
     monkeypatch.setattr(loop, "sock_connect", drop_syns)
     await add_custom(ctx, project, "blackhole", f"http://127.0.0.1:{blackhole}/v1", timeout_seconds=0.5)
-    started = time.monotonic()
-    response = await served.get("/proxy/blackhole/models", project.token)
-    elapsed = time.monotonic() - started
-    assert_service_error(response, 504)
-    assert 0.5 <= elapsed < 0.5 + LATE
+    await get_504_at(served, "/proxy/blackhole/models", project.token, 0.5)
     assert len(sockets) == 1
     assert sockets[0].fileno() == -1  # closed, not left to the garbage collector
 
@@ -233,11 +235,7 @@ async def test_ft03_hang_before_headers_gets_504_at_the_timeout_and_the_upstream
     """(test_504_when_the_upstream_does_not_answer_in_time checks the 504 alone.)"""
     async with run_watched_upstream([]) as silent:
         await add_custom(ctx, project, "silent", silent.url, timeout_seconds=0.5)
-        started = time.monotonic()
-        response = await served.get("/proxy/silent/v1/chat", project.token)
-        answered = time.monotonic()
-        assert_service_error(response, 504)
-        assert 0.5 <= answered - started < 0.5 + LATE
+        started = await get_504_at(served, "/proxy/silent/v1/chat", project.token, 0.5)
         assert await eventually(lambda: silent.hang_ups, within=1.0)
         assert silent.hang_ups[0] - (started + 0.5) < 1.0
         assert served.proxy.in_flight == 0
@@ -260,11 +258,7 @@ async def test_ft04_a_drip_fed_head_cannot_stretch_the_header_timeout(
     """`timeout_seconds` bounds the whole wait for the response head, not each read."""
     async with run_watched_upstream(drip_head()) as dripping:
         await add_custom(ctx, project, "drip", dripping.url, timeout_seconds=0.5)
-        started = time.monotonic()
-        response = await served.get("/proxy/drip/v1/chat", project.token)
-        elapsed = time.monotonic() - started
-        assert_service_error(response, 504)
-        assert 0.5 <= elapsed < 0.5 + LATE
+        await get_504_at(served, "/proxy/drip/v1/chat", project.token, 0.5)
         assert await eventually(lambda: dripping.hang_ups, within=1.0)
 
 
@@ -298,11 +292,7 @@ async def test_ft04_the_total_timeout_bounds_the_wait_for_the_head_too(
 ) -> None:
     async with run_watched_upstream([]) as thinking:  # answers after an hour
         await add_custom(ctx, project, "thinking", thinking.url, timeout_seconds=60, total_timeout_seconds=0.5)
-        started = time.monotonic()
-        response = await served.get("/proxy/thinking/v1/chat", project.token)
-        elapsed = time.monotonic() - started
-        assert_service_error(response, 504)
-        assert 0.5 <= elapsed < 0.5 + LATE
+        await get_504_at(served, "/proxy/thinking/v1/chat", project.token, 0.5)
         assert await eventually(lambda: thinking.hang_ups, within=1.0)
 
 

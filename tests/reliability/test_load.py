@@ -407,32 +407,36 @@ async def test_ls09_concurrent_large_uploads_arrive_byte_identical_and_are_not_h
 # LS-10 per-project fairness
 
 
+async def limit_beside_another(ctx: Context, project: Project, upstream: Upstream, limit: ProjectChanges) -> Project:
+    """Give `project` the limit; returns another project on the same provider, with none."""
+    other = await add_project(ctx, upstream)
+    await projects.update_project(ctx, project_id=project.id, changes=limit, actor="t")
+    return other
+
+
+async def post_chat(served: Served, token: str) -> tuple[int, str | None]:
+    """A chat completion through the gateway: its status and Retry-After."""
+    url = f"{served.url}/proxy/openai/chat/completions"
+    async with served.http.post(url, json={"model": "m", "messages": []}, headers=bearer(token)) as response:
+        await response.read()
+        return response.status, response.headers.get("retry-after")
+
+
 async def test_ls10_a_project_over_its_rate_limit_gets_429s_while_another_is_served_in_full(
     served: Served, ctx: Context, project: Project, upstream: Upstream
 ) -> None:
     """The catalogue's cap on concurrent streams: test_ls10_a_project_at_its_cap_on_requests_under_way_…"""
-    other = await add_project(ctx, upstream)
-    await projects.update_project(
-        ctx, project_id=project.id, changes=ProjectChanges(rate_limit_per_minute=60), actor="t"
-    )
-    body = {"model": "m", "messages": []}
-    url = f"{served.url}/proxy/openai/chat/completions"
-
-    async def call(token: str) -> tuple[int, Any]:
-        async with served.http.post(url, json=body, headers=bearer(token)) as response:
-            await response.read()
-            return response.status, response.headers.get("retry-after")
-
+    other = await limit_beside_another(ctx, project, upstream, ProjectChanges(rate_limit_per_minute=60))
     started = time.monotonic()
     greedy, modest = await asyncio.gather(
-        asyncio.gather(*(call(project.token) for _ in range(100))),
-        asyncio.gather(*(call(other.token) for _ in range(50))),
+        asyncio.gather(*(post_chat(served, project.token) for _ in range(100))),
+        asyncio.gather(*(post_chat(served, other.token) for _ in range(50))),
     )
     refill = int(time.monotonic() - started) + 1  # one more request a second while the burst lasts
     admitted = sum(status == 200 for status, _ in greedy)
     assert 60 <= admitted <= 60 + refill
     assert sorted(status for status, _ in greedy) == [200] * admitted + [429] * (100 - admitted)
-    assert all(int(retry_after) >= 1 for status, retry_after in greedy if status == 429)
+    assert all(int(retry_after or 0) >= 1 for status, retry_after in greedy if status == 429)
     assert [status for status, _ in modest] == [200] * 50
 
 
@@ -446,10 +450,7 @@ HELD_STREAM: list[bytes | float] = [  # an event, then nothing until the gateway
 async def test_ls10_a_project_at_its_cap_on_requests_under_way_gets_429s_while_another_is_served(
     served: Served, ctx: Context, project: Project, upstream: Upstream
 ) -> None:
-    other = await add_project(ctx, upstream)
-    await projects.update_project(
-        ctx, project_id=project.id, changes=ProjectChanges(max_concurrent_requests=3), actor="t"
-    )
+    other = await limit_beside_another(ctx, project, upstream, ProjectChanges(max_concurrent_requests=3))
     async with run_watched_upstream(HELD_STREAM) as holding, contextlib.AsyncExitStack() as streams:
         await add_custom(ctx, project, "holding", holding.url)
         url = f"{served.url}/proxy/holding/v1/chat/completions"
@@ -464,14 +465,8 @@ async def test_ls10_a_project_at_its_cap_on_requests_under_way_gets_429s_while_a
         message = "3 requests of this project are already under way"
         assert [body for _, _, body in refused] == [({"error": {"status": 429, "message": message}}, "1")] * 5
         assert len(holding.asked) == 3  # a refused request never reached the provider
-        chat = f"{served.url}/proxy/openai/chat/completions"
-
-        async def chat_status() -> int:
-            async with served.http.post(chat, json={"model": "m", "messages": []}, headers=bearer(other.token)) as sent:
-                await sent.read()
-                return sent.status
-
-        assert await asyncio.gather(*(chat_status() for _ in range(20))) == [200] * 20
+        answers = await asyncio.gather(*(post_chat(served, other.token) for _ in range(20)))
+        assert [status for status, _ in answers] == [200] * 20
 
         held[0].close()  # one stream ends: its place serves the next request
         assert await eventually(lambda: len(holding.hang_ups) == 1, within=2.0)
