@@ -17,7 +17,7 @@ from credgate.admin_ui.base import Visit, field, form_of, redirect, render, visi
 from credgate.admin_ui.key_pages import verification_after_save, wants_verification
 from credgate.admin_ui.messages import line_error, row_errors, sentence, service_errors
 from credgate.errors import Conflict, InvalidInput
-from credgate.limits import StreamIdleTimeoutSeconds, TimeoutSeconds, TotalTimeoutSeconds, parse_float
+from credgate.limits import parse_float
 from credgate.services import integrations, projects
 from credgate.services.integrations import IntegrationChanges
 from credgate.specs import (
@@ -239,14 +239,6 @@ def _pairs(text: str, kind: str) -> tuple[dict[str, str], str | None]:
         return pairs, line_error(error, where=what, label=None)
 
 
-# The settings form's timeouts, and what each must be.
-_TIMEOUTS: dict[str, object] = {
-    "timeout_seconds": TimeoutSeconds,
-    "stream_idle_timeout_seconds": StreamIdleTimeoutSeconds,
-    "total_timeout_seconds": TotalTimeoutSeconds,
-}
-
-
 def _settings_of(integration: Integration) -> dict[str, Any]:
     """The settings form's values, as stored."""
     return {
@@ -263,7 +255,7 @@ def _settings_of(integration: Integration) -> dict[str, Any]:
 
 def _settings_from(form: FormData, integration: Integration) -> dict[str, Any]:
     """The settings form's values, as posted (the auth fields as stored when the form has none)."""
-    values: dict[str, Any] = {name: field(form, name) for name in ("base_url", *_TIMEOUTS)}
+    values: dict[str, Any] = {name: field(form, name) for name in ("base_url", *integrations.TIMEOUTS)}
     values |= {name: str(form.get(name) or "") for name in ("headers", "query", "private_networks")}
     values["enabled"] = form.get("enabled") == "on"
     posted = "auth_method" in form
@@ -291,7 +283,7 @@ async def settings_submit(request: Request) -> Response:
         changes["base_url"] = check_base_url(values["base_url"])
     except ValueError as error:
         errors["base_url"] = sentence("the base URL", str(error))
-    for name, kind in _TIMEOUTS.items():
+    for name, kind in integrations.TIMEOUTS.items():
         try:
             changes[name] = parse_float(name, kind, values[name])
         except InvalidInput as error:

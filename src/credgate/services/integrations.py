@@ -37,15 +37,19 @@ DEFAULT_STREAM_IDLE_TIMEOUT_SECONDS = 300.0
 DEFAULT_TOTAL_TIMEOUT_SECONDS = 3600.0
 # The audit log's own entry for a change of an integration's exceptions to the SSRF guard, holding the new list.
 PRIVATE_NETWORKS_ACTION = "integration.private_networks"
+# The timeouts of an integration, and what each must be (the panel's form reads them as numbers).
+TIMEOUTS: dict[str, object] = {
+    "timeout_seconds": TimeoutSeconds,
+    "stream_idle_timeout_seconds": StreamIdleTimeoutSeconds,
+    "total_timeout_seconds": TotalTimeoutSeconds,
+}
 # What each setting of IntegrationChanges must be; `auth` arrives as a validated AuthSpec.
 _SETTINGS: dict[str, object] = {
     "base_url": BaseUrl,
     "enabled": bool,
     "headers": HeaderMap,
     "query": QueryMap,
-    "timeout_seconds": TimeoutSeconds,
-    "stream_idle_timeout_seconds": StreamIdleTimeoutSeconds,
-    "total_timeout_seconds": TotalTimeoutSeconds,
+    **TIMEOUTS,
     "key_strategy": KeyStrategy,
 }
 
