@@ -21,7 +21,7 @@ from tests.admin_ui.test_security import PASSWORD, csrf_of
 KEY = "sk-test-panel-roles-key-0000efgh"
 _PANEL = cast(Starlette, create_panel(lambda: cast(Context, None)).app)
 # Pages anyone may reach, signed in or not (they check nothing of a role), and the sign-out, which every role has.
-UNCHECKED = {"/", "/login", "/setup", "/logout"}
+UNCHECKED = {"/", "/login", "/setup", "/logout", "/confirm"}  # a signed-in user confirms, whatever the role
 PANEL_ROUTES = [
     (method, route.path)
     for route in _PANEL.routes

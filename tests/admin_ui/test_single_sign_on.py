@@ -5,6 +5,7 @@ tests/browser/test_single_sign_on.py."""
 
 import asyncio
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from urllib.parse import parse_qs, urlsplit
 
 import httpx
@@ -15,8 +16,8 @@ from credgate.app import create_app
 from credgate.config import Settings
 from credgate.services import admins, projects
 from credgate.services.bootstrap import open_context
-from credgate.services.context import Context
-from tests.admin_ui.test_security import PASSWORD
+from credgate.services.context import Context, utcnow
+from tests.admin_ui.test_security import PASSWORD, csrf_of
 from tests.oidc_provider import CLIENT_ID, CLIENT_SECRET, Account, OidcProvider, run_oidc_provider
 from tests.secret_sweep import SWEEP
 
@@ -53,9 +54,9 @@ async def panel(settings: Settings, ctx: Context, provider: OidcProvider) -> Asy
         yield client
 
 
-async def through_provider(panel: httpx.AsyncClient, provider: OidcProvider) -> str:
+async def through_provider(panel: httpx.AsyncClient, provider: OidcProvider, start_at: str = "/admin/sso/start") -> str:
     """Start the sign-in and let the provider answer: the callback address the browser is sent back to."""
-    start = await panel.get("/admin/sso/start")
+    start = await panel.get(start_at)
     assert start.status_code == 302, start.text
     assert start.headers["location"].startswith(f"{provider.url}/authorize?")
     async with httpx.AsyncClient() as browser:
@@ -109,6 +110,35 @@ async def test_a_user_added_for_single_sign_on_signs_in_with_pkce_and_keeps_its_
     assert user.oidc_subject == f"{provider.url} idp-user-1"
     assert ("admin_user.single_sign_on", f"sso:{EMAIL}") in events
     assert ("panel.sign_in", f"user:{EMAIL}") in events
+
+
+async def test_a_single_sign_on_user_confirms_who_they_are_by_signing_in_at_the_provider_again(
+    panel: httpx.AsyncClient, provider: OidcProvider, ctx: Context, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sensitive change (here a new project, which hands out its token) needs a sign-in within 15 minutes; for
+    a user without a password, that is one at the provider, asked not to rely on its own session."""
+    await admins.create_admin_user(ctx, username=EMAIL, password=None, actor="t")
+    start = utcnow()
+    monkeypatch.setattr(ctx, "clock", lambda: start)
+    assert (await sign_in(panel, provider)).status_code == 200
+    monkeypatch.setattr(ctx, "clock", lambda: start + timedelta(minutes=16))
+    csrf = csrf_of((await panel.get("/admin/projects")).text)
+    refused = await panel.post("/admin/projects", data={"csrf": csrf, "name": "new"})
+    assert (refused.status_code, refused.headers["location"]) == (303, "/admin/confirm?next=%2Fadmin%2Fprojects")
+    confirm = await panel.get(refused.headers["location"])
+    assert 'href="/admin/sso/start?confirm=1">Sign in again with Example SSO</a>' in confirm.text
+    assert 'name="password"' not in confirm.text
+    by_password = await panel.post("/admin/confirm", data={"csrf": csrf, "next": "/admin/projects", "password": ""})
+    assert by_password.status_code == 401  # no password to give
+
+    done = await panel.get(await through_provider(panel, provider, "/admin/sso/start?confirm=1"))
+    assert done.status_code == 200
+    assert "prompt" not in provider.authorize_requests[0]
+    assert provider.authorize_requests[1]["prompt"] == "login"
+    csrf = csrf_of((await panel.get("/admin/projects")).text)
+    made = await panel.post("/admin/projects", data={"csrf": csrf, "name": "new"})
+    assert made.status_code == 303
+    assert made.headers["location"].startswith("/admin/projects/prj_")
 
 
 async def test_the_user_is_known_by_subject_so_a_reassigned_address_reaches_nobody_else(

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import aiohttp
 import httpx
@@ -668,6 +669,85 @@ async def test_au12_idle_and_absolute_timeouts_end_the_session_on_every_page_and
     for path in pages:
         assert signed_out(await client.get(path)), path
     assert await session_rows(ctx) == 0
+
+
+def asks_confirmation(response: httpx.Response, back_to: str) -> bool:
+    location = f"/admin/confirm?next={quote(back_to, safe='')}"
+    return (response.status_code, response.headers.get("location")) == (303, location)
+
+
+@pytest.mark.usefixtures("admin")
+async def test_au12_handing_out_or_taking_away_a_credential_needs_a_sign_in_within_15_minutes(
+    client: httpx.AsyncClient, ctx: Context, upstream: Upstream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    project = await add_project(ctx, upstream)
+    start = utcnow()
+    monkeypatch.setattr(ctx, "clock", lambda: start)
+    await sign_in(client)
+    csrf = csrf_of((await client.get("/admin/projects")).text)
+    page = f"/admin/projects/{project.id}/integrations/openai/key"
+    rotation = {"api_key": canary(), "csrf": csrf}
+    from_page = {"Referer": f"http://credgate.test{page}"}
+    monkeypatch.setattr(ctx, "clock", lambda: start + timedelta(minutes=16))  # still signed in: 30 minutes idle
+    before = await key_state(ctx, project.id), await state_of(client, project.id)
+    sensitive = [
+        ("POST", page, rotation),
+        ("POST", f"/admin/projects/{project.id}/token/rotate", {"csrf": csrf, "grace_seconds": "0"}),
+        ("POST", f"/admin/projects/{project.id}/token/revoke", {"csrf": csrf}),
+        ("POST", "/admin/projects", {"csrf": csrf, "name": "another"}),
+        ("POST", "/admin/admins/tokens", {"csrf": csrf, "name": "ci", "role": "owner"}),
+        ("POST", "/admin/admins/users", {"csrf": csrf, "username": "eve", "password": PASSWORD, "role": "owner"}),
+        ("POST", f"/admin/projects/{project.id}/integrations/openai/revoke", {"csrf": csrf}),
+    ]
+    for method, path, data in sensitive:
+        response = await client.request(method, path, data=data, headers=from_page)
+        assert asks_confirmation(response, page), (method, path)
+    # A form's own page comes back to itself; a post without a Referer from the panel, to the projects list.
+    revoke_page = f"/admin/projects/{project.id}/integrations/openai/revoke"
+    assert asks_confirmation(await client.get(revoke_page, headers=from_page), revoke_page)
+    assert asks_confirmation(await client.get(page), page)
+    assert asks_confirmation(await client.post(page, data=rotation), "/admin/projects")
+    assert (await key_state(ctx, project.id), await state_of(client, project.id)) == before
+    assert len(await admins.list_admin_users(ctx)) == 1
+    # A change that hands out nothing is made as before.
+    renamed = await client.post(f"/admin/projects/{project.id}", data={"csrf": csrf, "name": "renamed"})
+    assert renamed.status_code == 303
+    assert renamed.headers["location"].startswith(f"/admin/projects/{project.id}")
+
+    confirm = await client.get("/admin/confirm", params={"next": page})
+    assert 'name="password"' in confirm.text
+    assert f'name="next" value="{page}"' in confirm.text
+    wrong = await client.post("/admin/confirm", data={"csrf": csrf, "next": page, "password": "not it"})
+    assert (wrong.status_code, "Wrong password." in wrong.text) == (401, True)
+    assert asks_confirmation(await client.post(page, data=rotation, headers=from_page), page)
+    forged = await client.post("/admin/confirm", data={"next": page, "password": PASSWORD})
+    assert forged.status_code == 403  # the form's CSRF token is needed here too
+    confirmed = await client.post("/admin/confirm", data={"csrf": csrf, "next": page, "password": PASSWORD})
+    assert (confirmed.status_code, confirmed.headers["location"]) == (303, page)
+    assert "Confirmed." in (await client.get(page)).text
+    assert (await client.post(page, data=rotation, headers=from_page)).status_code == 303
+    assert await key_state(ctx, project.id) != before[0]
+    actions = [event["action"] for event in (await client.get("/api/v1/audit")).json()["items"]]
+    assert "panel.confirm" in actions
+
+    # Fifteen minutes after the confirmation, it is needed again; the session itself is still alive.
+    monkeypatch.setattr(ctx, "clock", lambda: start + timedelta(minutes=32))
+    assert asks_confirmation(await client.post(page, data=rotation, headers=from_page), page)
+    assert (await client.get(page.removesuffix("/key"))).status_code == 200
+
+
+@pytest.mark.usefixtures("admin")
+async def test_au12_a_confirmation_only_ever_sends_back_to_a_panel_page(client: httpx.AsyncClient) -> None:
+    await sign_in(client)
+    csrf = csrf_of((await client.get("/admin/projects")).text)
+    for elsewhere in ("https://evil.test/admin/x", "//evil.test/admin/", "/\\evil.test/admin/", "/api/v1/projects", ""):
+        shown = await client.get("/admin/confirm", params={"next": elsewhere})
+        assert 'name="next" value="/admin/projects"' in shown.text, elsewhere
+        sent = await client.post("/admin/confirm", data={"csrf": csrf, "next": elsewhere, "password": PASSWORD})
+        assert (sent.status_code, sent.headers["location"]) == (303, "/admin/projects"), elsewhere
+    off_site = {"Referer": "https://evil.test/admin/projects/x"}
+    response = await client.post("/admin/projects", data={"csrf": csrf, "name": "x"}, headers=off_site)
+    assert response.status_code == 303  # signed in just now: made at once, nothing to confirm
 
 
 async def key_state(ctx: Context, project_id: str) -> tuple[Any, ...]:

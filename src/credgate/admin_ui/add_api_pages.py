@@ -150,7 +150,7 @@ async def _details(
 
 async def add_api(request: Request) -> Response:
     """Step 1: the provider; step 2 (`?provider=`): the key (first setup only), base URL and template."""
-    current = await visit(request, changing=True)
+    current = await visit(request, changing=True, sensitive=True)
     project = await projects.get_project(current.ctx, project_id=request.path_params["project_id"])
     catalog = _catalog(current)
     provider = request.query_params.get("provider", "")
@@ -171,7 +171,7 @@ def _base_url(typed: str) -> str | None:
 
 
 async def add_api_submit(request: Request) -> Response:
-    current = await visit(request)
+    current = await visit(request, sensitive=True)
     form = await form_of(request, current)
     project = await projects.get_project(current.ctx, project_id=request.path_params["project_id"])
     provider, name, typed = field(form, "provider"), field(form, "name"), str(form.get("api_key") or "").strip()
@@ -210,7 +210,7 @@ async def _pending(request: Request, current: Visit) -> tuple[PendingSetup, Temp
 
 
 async def review(request: Request) -> Response:
-    current = await visit(request, changing=True)
+    current = await visit(request, changing=True, sensitive=True)
     project_id = request.path_params["project_id"]
     found = await _pending(request, current)
     if found is None:
@@ -246,7 +246,7 @@ async def review(request: Request) -> Response:
 
 
 async def save(request: Request) -> Response:
-    current = await visit(request)
+    current = await visit(request, sensitive=True)
     form = await form_of(request, current)
     project_id = request.path_params["project_id"]
     found = await _pending(request, current)

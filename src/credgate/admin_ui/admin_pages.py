@@ -20,9 +20,9 @@ ROLE_NAMES = {Role.OWNER: "Owner", Role.PROJECT_ADMIN: "Project admin", Role.VIE
 _LABELS = {"username": "the username", "password": "the password", "name": "the name", "role": "the role"}
 
 
-async def _owner(request: Request, *, changing: bool | None = None) -> Visit:
+async def _owner(request: Request, *, changing: bool | None = None, sensitive: bool = False) -> Visit:
     """The signed-in owner; Forbidden for any other role, whatever the method (reading admins is the owner's too)."""
-    current = await visit(request, changing=changing)
+    current = await visit(request, changing=changing, sensitive=sensitive)
     current.principal.require_owner("managing admins")
     return current
 
@@ -69,7 +69,7 @@ async def page(request: Request) -> Response:
 
 
 async def add_user(request: Request) -> Response:
-    current = await _owner(request)
+    current = await _owner(request, sensitive=True)
     form = await form_of(request, current)
     typed = {"username": field(form, "username"), "sign_in": field(form, "sign_in"), **_grant(form)}
     single_sign_on = typed["sign_in"] == "single_sign_on"
@@ -93,7 +93,7 @@ async def add_user(request: Request) -> Response:
 
 
 async def set_user_role(request: Request) -> Response:
-    current = await _owner(request)
+    current = await _owner(request, sensitive=True)
     form = await form_of(request, current)
     user = await admins.get_admin_user(current.ctx, user_id=request.path_params["user_id"])
     typed = _grant(form)
@@ -121,7 +121,7 @@ async def end_user_sessions(request: Request) -> Response:
 
 
 async def confirm_delete_user(request: Request) -> Response:
-    current = await _owner(request, changing=True)
+    current = await _owner(request, changing=True, sensitive=True)
     user = await admins.get_admin_user(current.ctx, user_id=request.path_params["user_id"])
     yourself = " This is you: you are signed out too." if user.username == current.user.username else ""
     context = {
@@ -135,7 +135,7 @@ async def confirm_delete_user(request: Request) -> Response:
 
 
 async def delete_user(request: Request) -> Response:
-    current = await _owner(request)
+    current = await _owner(request, sensitive=True)
     await form_of(request, current)
     user = await admins.get_admin_user(current.ctx, user_id=request.path_params["user_id"])
     try:
@@ -150,7 +150,7 @@ async def delete_user(request: Request) -> Response:
 
 
 async def add_token(request: Request) -> Response:
-    current = await _owner(request)
+    current = await _owner(request, sensitive=True)
     form = await form_of(request, current)
     typed = {"name": field(form, "name"), **_grant(form)}
     try:
@@ -162,7 +162,7 @@ async def add_token(request: Request) -> Response:
 
 
 async def set_token_role(request: Request) -> Response:
-    current = await _owner(request)
+    current = await _owner(request, sensitive=True)
     form = await form_of(request, current)
     token = await admins.get_admin_token(current.ctx, token_id=request.path_params["token_id"])
     typed = _grant(form)
@@ -179,7 +179,7 @@ async def set_token_role(request: Request) -> Response:
 
 
 async def confirm_revoke_token(request: Request) -> Response:
-    current = await _owner(request, changing=True)
+    current = await _owner(request, changing=True, sensitive=True)
     token = await admins.get_admin_token(current.ctx, token_id=request.path_params["token_id"])
     context = {
         "title": f"Revoke admin token {token.name}?",
@@ -193,7 +193,7 @@ async def confirm_revoke_token(request: Request) -> Response:
 
 
 async def revoke_token(request: Request) -> Response:
-    current = await _owner(request)
+    current = await _owner(request, sensitive=True)
     await form_of(request, current)
     token = await admins.get_admin_token(current.ctx, token_id=request.path_params["token_id"])
     try:

@@ -21,7 +21,7 @@ from credgate.admin_ui import (
     sso_pages,
     webhook_pages,
 )
-from credgate.admin_ui.base import Panel, SignInRequired, Visit, panel_of, render
+from credgate.admin_ui.base import ConfirmationRequired, Panel, SignInRequired, Visit, panel_of, render
 from credgate.admin_ui.security import SecurityHeaders, session_cookie_name
 from credgate.errors import ServiceError
 from credgate.services.context import Context
@@ -55,6 +55,7 @@ def create_panel(
         routes=routes,
         exception_handlers={
             SignInRequired: _sign_in,
+            ConfirmationRequired: auth_pages.ask_confirmation,
             ServiceError: _service_error,
             HTTPException: _http_error,
         },

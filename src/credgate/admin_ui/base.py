@@ -32,6 +32,10 @@ class SignInRequired(Exception):
     """The page needs a signed-in admin."""
 
 
+class ConfirmationRequired(Exception):
+    """The action hands out or takes away a credential, and the user has not proved who they are recently."""
+
+
 class Panel:
     def __init__(
         self,
@@ -69,6 +73,10 @@ class Visit:
     def principal(self) -> Principal:
         return Principal.of(actor=self.actor, role=self.user.role, project_ids=self.user.project_ids, kind="user")
 
+    def require_recent_authentication(self) -> None:
+        if not self.user.authenticated_recently(self.ctx.clock()):
+            raise ConfirmationRequired
+
     async def flash(self, message: str, *, secret: str | None = None) -> None:
         """Show `message` (and the one-time `secret`) on this session's next page, whichever process serves it."""
         await flash_message(self.ctx, session_id=self.user.session_id, message=message, secret=secret)
@@ -79,11 +87,12 @@ def panel_of(request: Request) -> Panel:
     return panel
 
 
-async def visit(request: Request, *, changing: bool | None = None) -> Visit:
+async def visit(request: Request, *, changing: bool | None = None, sensitive: bool = False) -> Visit:
     """The signed-in admin of this request, or SignInRequired; and Forbidden unless its role allows the page.
 
     Every page checks here, by its project and whether it changes something (a POST does; a form's page says
     so): a project's page needs `may_read`, a change `may_change`; a change that names no project is the owner's.
+    A `sensitive` change (a credential handed out or taken away) also needs a recent sign-in or confirmation.
     """
     panel = panel_of(request)
     secret = request.cookies.get(session_cookie_name(request))
@@ -97,6 +106,8 @@ async def visit(request: Request, *, changing: bool | None = None) -> Visit:
         (current.principal.require_change if changing else current.principal.require_read)(project_id)
     elif changing:
         current.principal.require_owner(f"{request.method} {request.url.path}")
+    if sensitive:
+        current.require_recent_authentication()
     return current
 
 

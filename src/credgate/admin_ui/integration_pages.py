@@ -60,14 +60,14 @@ def _custom_context(
 
 
 async def custom(request: Request) -> Response:
-    current = await visit(request, changing=True)
+    current = await visit(request, changing=True, sensitive=True)
     project = await projects.get_project(current.ctx, project_id=request.path_params["project_id"])
     context = _custom_context(current, project, {"auth_method": "bearer"}, {})
     return await render(request, "custom.html", context, current=current)
 
 
 async def custom_submit(request: Request) -> Response:
-    current = await visit(request)
+    current = await visit(request, sensitive=True)
     form = await form_of(request, current)
     project = await projects.get_project(current.ctx, project_id=request.path_params["project_id"])
     values = {name: field(form, name) for name in ("provider", "base_url")} | auth_form.values_from(form)
@@ -294,6 +294,8 @@ async def settings_submit(request: Request) -> Response:
     if auth_changed:
         changes["auth"] = auth
     if not errors:
+        if auth_changed or changes["base_url"] != integration.base_url:
+            current.require_recent_authentication()  # where the key goes, and how, is the key's safety
         try:
             await integrations.update_integration(
                 current.ctx,
@@ -317,13 +319,13 @@ async def settings_submit(request: Request) -> Response:
 
 
 async def key_form(request: Request) -> Response:
-    current = await visit(request, changing=True)
+    current = await visit(request, changing=True, sensitive=True)
     mode = "rotate" if request.query_params.get("mode") == "rotate" else "edit"
     return await _integration_page(request, current, "key.html", {"mode": mode})
 
 
 async def key_submit(request: Request) -> Response:
-    current = await visit(request)
+    current = await visit(request, sensitive=True)
     form = await form_of(request, current)
     project_id, provider = request.path_params["project_id"], request.path_params["provider"]
     mode = "rotate" if field(form, "mode") == "rotate" else "edit"
@@ -367,7 +369,7 @@ async def _confirm(
 
 
 async def revoke_confirm(request: Request) -> Response:
-    current = await visit(request, changing=True)
+    current = await visit(request, changing=True, sensitive=True)
     provider = request.path_params["provider"]
     return await _confirm(
         request,
@@ -380,7 +382,7 @@ async def revoke_confirm(request: Request) -> Response:
 
 
 async def revoke(request: Request) -> Response:
-    current = await visit(request)
+    current = await visit(request, sensitive=True)
     await form_of(request, current)
     project_id, provider = request.path_params["project_id"], request.path_params["provider"]
     await integrations.revoke_provider_key(current.ctx, project_id=project_id, provider=provider, actor=current.actor)
@@ -389,7 +391,7 @@ async def revoke(request: Request) -> Response:
 
 
 async def delete_confirm(request: Request) -> Response:
-    current = await visit(request, changing=True)
+    current = await visit(request, changing=True, sensitive=True)
     provider = request.path_params["provider"]
     return await _confirm(
         request,
@@ -402,7 +404,7 @@ async def delete_confirm(request: Request) -> Response:
 
 
 async def delete(request: Request) -> Response:
-    current = await visit(request)
+    current = await visit(request, sensitive=True)
     await form_of(request, current)
     project_id, provider = request.path_params["project_id"], request.path_params["provider"]
     await integrations.delete_integration(current.ctx, project_id=project_id, provider=provider, actor=current.actor)

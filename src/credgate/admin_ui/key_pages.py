@@ -91,7 +91,7 @@ async def pool(request: Request) -> Response:
 
 
 async def add(request: Request) -> Response:
-    current = await visit(request)
+    current = await visit(request, sensitive=True)
     form = await form_of(request, current)
     label, verify = field(form, "label"), wants_verification(current, form)
     try:
@@ -169,7 +169,7 @@ async def _verify(request: Request, current: Visit, key_id: str) -> Response:
 
 
 async def remove_confirm(request: Request) -> Response:
-    current = await visit(request, changing=True)
+    current = await visit(request, changing=True, sensitive=True)
     context = {
         "title": "Remove this key from the pool?",
         "consequence": "The key is destroyed. The other keys of the pool go on serving; with none left in service, "
@@ -182,7 +182,7 @@ async def remove_confirm(request: Request) -> Response:
 
 
 async def remove(request: Request) -> Response:
-    current = await visit(request)
+    current = await visit(request, sensitive=True)
     await form_of(request, current)
     await key_pools.remove_key(
         current.ctx,

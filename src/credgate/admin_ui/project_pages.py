@@ -62,7 +62,7 @@ async def list_projects(request: Request) -> Response:
 
 
 async def create_project(request: Request) -> Response:
-    current = await visit(request)
+    current = await visit(request, sensitive=True)
     name = field(await form_of(request, current), "name")
     try:
         project, secret = await projects.create_project(current.ctx, name=name, actor=current.actor)
@@ -135,7 +135,7 @@ async def update_end_users(request: Request) -> Response:
 
 
 async def rotate_token(request: Request) -> Response:
-    current = await visit(request)
+    current = await visit(request, sensitive=True)
     form = await form_of(request, current)
     project_id = request.path_params["project_id"]
     try:
@@ -157,7 +157,7 @@ async def rotate_token(request: Request) -> Response:
 
 
 async def confirm_revoke_token(request: Request) -> Response:
-    current = await visit(request, changing=True)
+    current = await visit(request, changing=True, sensitive=True)
     project = await projects.get_project(current.ctx, project_id=request.path_params["project_id"])
     context = {
         "title": f"Revoke the token of {project.name}?",
@@ -172,7 +172,7 @@ async def confirm_revoke_token(request: Request) -> Response:
 
 
 async def revoke_token(request: Request) -> Response:
-    current = await visit(request)
+    current = await visit(request, sensitive=True)
     await form_of(request, current)
     project_id = request.path_params["project_id"]
     await projects.revoke_project_tokens(current.ctx, project_id=project_id, actor=current.actor)
@@ -181,7 +181,7 @@ async def revoke_token(request: Request) -> Response:
 
 
 async def confirm_delete(request: Request) -> Response:
-    current = await visit(request, changing=True)
+    current = await visit(request, changing=True, sensitive=True)
     current.principal.require_owner("deleting a project")
     project = await projects.get_project(current.ctx, project_id=request.path_params["project_id"])
     context = {
@@ -195,7 +195,7 @@ async def confirm_delete(request: Request) -> Response:
 
 
 async def delete_project(request: Request) -> Response:
-    current = await visit(request)
+    current = await visit(request, sensitive=True)
     current.principal.require_owner("deleting a project")
     await form_of(request, current)
     await projects.delete_project(current.ctx, project_id=request.path_params["project_id"], actor=current.actor)

@@ -167,7 +167,10 @@ async def start(request: Request) -> Response:
     try:
         async with _asking(client):
             await _checked_metadata(sso, client)
-            response: Response = await client.authorize_redirect(request, _callback_url(request))
+            # To confirm who they are before a sensitive change, the user signs in at the provider again, not
+            # through the provider's own session (OpenID Connect Core, 3.1.2.1).
+            again = {"prompt": "login"} if request.query_params.get("confirm") else {}
+            response: Response = await client.authorize_redirect(request, _callback_url(request), **again)
     except SingleSignOnFailed as error:
         return await _refused(request, str(error))
     state = parse_qs(urlsplit(response.headers["location"]).query)["state"][0]

@@ -4,7 +4,7 @@ setup token that lets the first admin create an account."""
 import hmac
 import secrets
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from functools import cache
 
 from argon2 import PasswordHasher
@@ -18,6 +18,9 @@ from credgate.storage.models import AdminSession, AdminUser
 
 IDLE_TIMEOUT = timedelta(minutes=30)
 ABSOLUTE_TIMEOUT = timedelta(hours=12)
+# Handing out or taking away a credential (a key, a token, an admin account) needs the user to have proved who
+# they are this recently (ASVS 7.5.1): a session left open on an unattended screen cannot do it.
+RECENT_AUTHENTICATION = timedelta(minutes=15)
 SETUP_META_NAME = "setup_token_hash"  # the meta row holding the hash (never the token)
 _SEEN_RESOLUTION = timedelta(minutes=1)
 _password_hasher = PasswordHasher()
@@ -32,26 +35,51 @@ def _dummy_hash() -> str:
 
 @dataclass(frozen=True, slots=True)
 class SignedIn:
-    """A live session: who, and the CSRF token its forms must carry."""
+    """A live session: who, the CSRF token its forms must carry, and when its user last proved who they are."""
 
     session_id: str
     username: str
     csrf_token: str
+    authenticated_at: datetime
     role: str = "owner"  # credgate.roles, read anew with each page: a changed role applies at once
     project_ids: tuple[str, ...] = ()
+    has_password: bool = True  # else a single sign-on user, who confirms who they are at the identity provider
+
+    def authenticated_recently(self, now: datetime) -> bool:
+        return now - self.authenticated_at <= RECENT_AUTHENTICATION
 
 
 async def sign_in(ctx: Context, *, username: str, password: str) -> tuple[str, SignedIn]:
     """A new session (never a reused one: no fixation) and its cookie secret; Unauthorized otherwise."""
     async with ctx.database.transaction(write=False) as repo:
         user = await repo.find_admin_user(username)
+    return await open_session(ctx, _checked(user, password))
+
+
+def _checked(user: AdminUser | None, password: str) -> AdminUser:
+    """`user`, if `password` is theirs; else Unauthorized, in as long whether or not the user exists."""
     try:
         _password_hasher.verify(user.password_hash if user and user.has_password else _dummy_hash(), password)
     except (VerificationError, InvalidHashError):
         raise Unauthorized("wrong username or password") from None
     if user is None or not user.has_password:  # a single sign-on user has no password to guess
         raise Unauthorized("wrong username or password")
-    return await open_session(ctx, user)
+    return user
+
+
+async def confirm_password(ctx: Context, *, session_id: str, password: str) -> None:
+    """The session's user proves again who they are: its authentication is now; Unauthorized otherwise."""
+    async with ctx.database.transaction(write=False) as repo:
+        session = await repo.get_admin_session(session_id)
+    if session is None:
+        raise Unauthorized("the session has ended; sign in again")
+    _checked(session.user, password)
+    actor = f"user:{session.user.username}"
+    async with ctx.change(actor=actor, action="panel.confirm", detail={"via": "password"}) as repo:
+        session = await repo.get_admin_session(session_id)
+        if session is None:
+            raise Unauthorized("the session has ended; sign in again")
+        session.authenticated_at = ctx.clock()
 
 
 async def open_session(ctx: Context, user: AdminUser, *, via: str = "password") -> tuple[str, SignedIn]:
@@ -59,20 +87,30 @@ async def open_session(ctx: Context, user: AdminUser, *, via: str = "password") 
     secret = secrets.token_urlsafe(32)
     now = ctx.clock()
     session = AdminSession(
-        id=hash_token(secret), user_id=user.id, csrf_token=secrets.token_urlsafe(32), created_at=now, last_seen_at=now
+        id=hash_token(secret),
+        user_id=user.id,
+        csrf_token=secrets.token_urlsafe(32),
+        created_at=now,
+        last_seen_at=now,
+        authenticated_at=now,
     )
     async with ctx.change(actor=f"user:{user.username}", action="panel.sign_in", detail={"via": via}) as repo:
         # Sessions that timed out and were never resumed go here, with their panel state (its secrets included).
         await repo.delete_admin_sessions(last_seen_before=now - IDLE_TIMEOUT, created_before=now - ABSOLUTE_TIMEOUT)
         repo.add(session)
-    signed_in = SignedIn(
+    return secret, _signed_in(session, user)
+
+
+def _signed_in(session: AdminSession, user: AdminUser) -> SignedIn:
+    return SignedIn(
         session_id=session.id,
         username=user.username,
         csrf_token=session.csrf_token,
+        authenticated_at=session.authenticated_at,
         role=user.role,
         project_ids=tuple(user.project_ids),
+        has_password=user.has_password,
     )
-    return secret, signed_in
 
 
 async def resume_session(ctx: Context, *, secret: str) -> SignedIn | None:
@@ -87,13 +125,7 @@ async def resume_session(ctx: Context, *, secret: str) -> SignedIn | None:
             return None
         if now - session.last_seen_at > _SEEN_RESOLUTION:
             session.last_seen_at = now
-        return SignedIn(
-            session_id=session.id,
-            username=session.user.username,
-            csrf_token=session.csrf_token,
-            role=session.user.role,
-            project_ids=tuple(session.user.project_ids),
-        )
+        return _signed_in(session, session.user)
 
 
 async def sign_out(ctx: Context, *, session_id: str) -> None:

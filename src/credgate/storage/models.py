@@ -335,6 +335,7 @@ class AdminSession(Base):
     csrf_token: Mapped[str] = mapped_column(String(64))
     created_at: Mapped[datetime]
     last_seen_at: Mapped[datetime]
+    authenticated_at: Mapped[datetime]  # the last time its user proved who they are: the sign-in, or a confirmation
     flash_messages: Mapped[list[Any] | None] = mapped_column(JSON(none_as_null=True))
     flash_secret: Mapped[bytes | None] = mapped_column(LargeBinary)
     flash_at: Mapped[datetime | None]
