@@ -42,6 +42,7 @@ class _Grant:
     challenge: str
     nonce: str
     account: Account
+    auth_time: float
 
 
 @dataclass
@@ -50,8 +51,10 @@ class OidcProvider:
     key: SigningKey = field(default_factory=lambda: _provider_key())
     account: Account = field(default_factory=Account)
     # One of: "" (behave), "wrong-nonce", "wrong-audience", "audience-only-in-azp", "expired", "foreign-key",
-    # "other-issuer", "not-json-discovery", "discovery-without-endpoints", "deny".
+    # "other-issuer", "not-json-discovery", "discovery-without-endpoints", "deny", "keeps-its-session" (ignores
+    # `prompt=login` and `max_age`: the account stays signed in since `signed_in_at`).
     misbehave: str = ""
+    signed_in_at: float | None = None  # the provider's own session: when the account last typed its password
     # A page with a Continue link rather than a redirect, as a real provider's sign-in form: what the browser
     # does next starts on the provider's site.
     consent_page: bool = False
@@ -71,6 +74,7 @@ class OidcProvider:
             "nonce": grant.nonce,
             "email": grant.account.email,
             "email_verified": grant.account.email_verified,
+            "auth_time": int(grant.auth_time),
         }
         key = self.key
         match self.misbehave:
@@ -121,8 +125,12 @@ def _build_app(state: OidcProvider) -> web.Application:
         if query.get("client_id") != CLIENT_ID or query.get("code_challenge_method") != "S256":
             state.refusals.append("authorize: client or PKCE method")
             raise web.HTTPBadRequest(text="bad authorization request")
+        again = query.get("prompt") == "login" or query.get("max_age") == "0"
+        if state.signed_in_at is None or (again and state.misbehave != "keeps-its-session"):
+            state.signed_in_at = time.time()  # the account signs in at the provider
         code = secrets.token_urlsafe(16)
-        state._grants[code] = _Grant(redirect_uri, query["code_challenge"], query.get("nonce", ""), state.account)
+        grant = _Grant(redirect_uri, query["code_challenge"], query.get("nonce", ""), state.account, state.signed_in_at)
+        state._grants[code] = grant
         back = f"{redirect_uri}?{urlencode({'code': code, 'state': query.get('state', '')})}"
         if state.consent_page:
             page = f'<!doctype html><title>Provider</title><a href="{html.escape(back)}">Continue</a>'

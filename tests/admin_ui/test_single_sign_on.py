@@ -4,6 +4,7 @@ wrong answer refused without a session. The browser's side (SameSite cookies acr
 tests/browser/test_single_sign_on.py."""
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from urllib.parse import parse_qs, urlsplit
@@ -112,11 +113,10 @@ async def test_a_user_added_for_single_sign_on_signs_in_with_pkce_and_keeps_its_
     assert ("panel.sign_in", f"user:{EMAIL}") in events
 
 
-async def test_a_single_sign_on_user_confirms_who_they_are_by_signing_in_at_the_provider_again(
+async def stale_session(
     panel: httpx.AsyncClient, provider: OidcProvider, ctx: Context, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A sensitive change (here a new project, which hands out its token) needs a sign-in within 15 minutes; for
-    a user without a password, that is one at the provider, asked not to rely on its own session."""
+) -> tuple[str, str]:
+    """A single sign-on user signed in 16 minutes ago: their CSRF token, and the confirmation page's link."""
     await admins.create_admin_user(ctx, username=EMAIL, password=None, actor="t")
     start = utcnow()
     monkeypatch.setattr(ctx, "clock", lambda: start)
@@ -126,18 +126,64 @@ async def test_a_single_sign_on_user_confirms_who_they_are_by_signing_in_at_the_
     refused = await panel.post("/admin/projects", data={"csrf": csrf, "name": "new"})
     assert (refused.status_code, refused.headers["location"]) == (303, "/admin/confirm?next=%2Fadmin%2Fprojects")
     confirm = await panel.get(refused.headers["location"])
-    assert 'href="/admin/sso/start?confirm=1">Sign in again with Example SSO</a>' in confirm.text
+    link = "/admin/sso/start?confirm=1&amp;next=%2Fadmin%2Fprojects"
+    assert f'href="{link}">Sign in again with Example SSO</a>' in confirm.text
     assert 'name="password"' not in confirm.text
+    return csrf, link.replace("&amp;", "&")
+
+
+async def test_a_single_sign_on_user_confirms_who_they_are_by_signing_in_at_the_provider_again(
+    panel: httpx.AsyncClient, provider: OidcProvider, ctx: Context, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sensitive change (here a new project, which hands out its token) needs a sign-in within 15 minutes; for
+    a user without a password, that is one at the provider, asked not to rely on its own session."""
+    csrf, link = await stale_session(panel, provider, ctx, monkeypatch)
     by_password = await panel.post("/admin/confirm", data={"csrf": csrf, "next": "/admin/projects", "password": ""})
     assert by_password.status_code == 401  # no password to give
 
-    done = await panel.get(await through_provider(panel, provider, "/admin/sso/start?confirm=1"))
+    done = await panel.get(await through_provider(panel, provider, link))
     assert done.status_code == 200
+    assert 'http-equiv="refresh" content="0;url=/admin/projects"' in done.text
+    assert "credgate_session" not in done.headers.get("set-cookie", "")  # the session confirmed is the one held
     assert "prompt" not in provider.authorize_requests[0]
-    assert provider.authorize_requests[1]["prompt"] == "login"
-    csrf = csrf_of((await panel.get("/admin/projects")).text)
+    assert (provider.authorize_requests[1]["prompt"], provider.authorize_requests[1]["max_age"]) == ("login", "0")
     made = await panel.post("/admin/projects", data={"csrf": csrf, "name": "new"})
     assert made.status_code == 303
+    assert made.headers["location"].startswith("/admin/projects/prj_")
+    async with ctx.database.transaction(write=False) as repo:
+        actions = [(event.action, event.detail) for event in await repo.list_audit_events(limit=5)]
+    assert ("panel.confirm", {"via": "single sign-on"}) in actions
+
+
+async def test_a_provider_that_keeps_its_own_session_confirms_nothing(
+    panel: httpx.AsyncClient, provider: OidcProvider, ctx: Context, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`prompt` and `max_age` travel in the browser's address, where they can be removed, and a provider may
+    ignore them: the ID token's `auth_time` must say the user signed in after the confirmation started."""
+    csrf, link = await stale_session(panel, provider, ctx, monkeypatch)
+    provider.misbehave, provider.signed_in_at = "keeps-its-session", time.time() - 3600
+    refused = await panel.get(await through_provider(panel, provider, link))
+    assert refused.status_code == 403
+    assert "did not sign you in again" in refused.text
+    again = await panel.post("/admin/projects", data={"csrf": csrf, "name": "new"})
+    assert again.headers["location"].startswith("/admin/confirm?")
+
+
+async def test_a_sign_in_through_the_providers_own_session_is_as_recent_as_that_session(
+    panel: httpx.AsyncClient, provider: OidcProvider, ctx: Context
+) -> None:
+    """Whoever sits at a screen where the provider's session is open signs in without a password: what they may
+    hand out or take away depends on when the account last did type it."""
+    await admins.create_admin_user(ctx, username=EMAIL, password=None, actor="t")
+    provider.signed_in_at = time.time() - 3600
+    assert (await sign_in(panel, provider)).status_code == 200
+    csrf = csrf_of((await panel.get("/admin/projects")).text)
+    asked = await panel.post("/admin/projects", data={"csrf": csrf, "name": "new"})
+    assert asked.headers["location"].startswith("/admin/confirm?")
+    provider.signed_in_at = time.time()
+    assert (await sign_in(panel, provider)).status_code == 200
+    csrf = csrf_of((await panel.get("/admin/projects")).text)
+    made = await panel.post("/admin/projects", data={"csrf": csrf, "name": "new"})
     assert made.headers["location"].startswith("/admin/projects/prj_")
 
 

@@ -690,14 +690,34 @@ async def test_au12_handing_out_or_taking_away_a_credential_needs_a_sign_in_with
     from_page = {"Referer": f"http://credgate.test{page}"}
     monkeypatch.setattr(ctx, "clock", lambda: start + timedelta(minutes=16))  # still signed in: 30 minutes idle
     before = await key_state(ctx, project.id), await state_of(client, project.id)
+    integration, of_project = f"/admin/projects/{project.id}/integrations/openai", f"/admin/projects/{project.id}"
+    timeouts = {"timeout_seconds": "600", "stream_idle_timeout_seconds": "300", "total_timeout_seconds": "3600"}
+    elsewhere = {"csrf": csrf, "base_url": "https://elsewhere.example.com/v1", **timeouts}
+    other_provider = {"jwks_url": "https://idp.example.com/jwks.json", "issuer": "https://idp.example.com"}
+    end_users = {"csrf": csrf, "allowed_origins": "", "subject_rate_limit_per_minute": "", "audience": "x"}
     sensitive = [
         ("POST", page, rotation),
-        ("POST", f"/admin/projects/{project.id}/token/rotate", {"csrf": csrf, "grace_seconds": "0"}),
-        ("POST", f"/admin/projects/{project.id}/token/revoke", {"csrf": csrf}),
+        ("POST", f"{integration}/revoke", {"csrf": csrf}),
+        ("POST", f"{integration}/delete", {"csrf": csrf}),
+        ("POST", integration, elsewhere),  # where the key goes
+        ("POST", f"{integration}/keys", {"csrf": csrf, "api_key": canary(), "label": "second"}),
+        ("POST", f"{integration}/keys/key_x", {"csrf": csrf, "action": "promote", "overlap": "0"}),
+        ("POST", f"{integration}/keys/key_x/remove", {"csrf": csrf}),
+        ("POST", f"{of_project}/custom", {"csrf": csrf}),
+        ("POST", f"{of_project}/add", {"csrf": csrf}),
+        ("POST", f"{of_project}/token/rotate", {"csrf": csrf, "grace_seconds": "0"}),
+        ("POST", f"{of_project}/token/revoke", {"csrf": csrf}),
+        ("POST", f"{of_project}/delete", {"csrf": csrf}),
+        ("POST", f"{of_project}/webhooks", {"csrf": csrf, "url": "https://hooks.example.com/x"}),
+        ("POST", f"{of_project}/webhooks/whk_x/remove", {"csrf": csrf}),
+        ("POST", f"{of_project}/end-users", end_users | other_provider),  # whose end-user tokens are taken
         ("POST", "/admin/projects", {"csrf": csrf, "name": "another"}),
         ("POST", "/admin/admins/tokens", {"csrf": csrf, "name": "ci", "role": "owner"}),
+        ("POST", "/admin/admins/tokens/adm_x/role", {"csrf": csrf, "role": "viewer"}),
+        ("POST", "/admin/admins/tokens/adm_x/revoke", {"csrf": csrf}),
         ("POST", "/admin/admins/users", {"csrf": csrf, "username": "eve", "password": PASSWORD, "role": "owner"}),
-        ("POST", f"/admin/projects/{project.id}/integrations/openai/revoke", {"csrf": csrf}),
+        ("POST", "/admin/admins/users/usr_x/role", {"csrf": csrf, "role": "viewer"}),
+        ("POST", "/admin/admins/users/usr_x/delete", {"csrf": csrf}),
     ]
     for method, path, data in sensitive:
         response = await client.request(method, path, data=data, headers=from_page)
@@ -710,9 +730,16 @@ async def test_au12_handing_out_or_taking_away_a_credential_needs_a_sign_in_with
     assert (await key_state(ctx, project.id), await state_of(client, project.id)) == before
     assert len(await admins.list_admin_users(ctx)) == 1
     # A change that hands out nothing is made as before.
-    renamed = await client.post(f"/admin/projects/{project.id}", data={"csrf": csrf, "name": "renamed"})
-    assert renamed.status_code == 303
-    assert renamed.headers["location"].startswith(f"/admin/projects/{project.id}")
+    integration_now = await integrations.get_integration(ctx, project_id=project.id, provider="openai")
+    unchanged = [
+        (of_project, {"csrf": csrf, "name": "renamed"}),
+        (integration, {"csrf": csrf, "base_url": integration_now.base_url, **timeouts}),  # same URL: other settings
+        (f"{of_project}/end-users", end_users | {"audience": ""}),  # origins and limits, no identity provider
+    ]
+    for path, data in unchanged:
+        response = await client.post(path, data=data)
+        assert response.status_code == 303, (path, response.text[:500])
+        assert response.headers["location"].startswith(of_project), path
 
     confirm = await client.get("/admin/confirm", params={"next": page})
     assert 'name="password"' in confirm.text
@@ -740,7 +767,9 @@ async def test_au12_handing_out_or_taking_away_a_credential_needs_a_sign_in_with
 async def test_au12_a_confirmation_only_ever_sends_back_to_a_panel_page(client: httpx.AsyncClient) -> None:
     await sign_in(client)
     csrf = csrf_of((await client.get("/admin/projects")).text)
-    for elsewhere in ("https://evil.test/admin/x", "//evil.test/admin/", "/\\evil.test/admin/", "/api/v1/projects", ""):
+    away = ["https://evil.test/admin/x", "//evil.test/admin/", "/\\evil.test/admin/", "/api/v1/projects", ""]
+    away += ["/admin/..//evil.test", "/admin//evil.test", "/admin/./x", "/admin/\r\nSet-Cookie: x"]
+    for elsewhere in away:
         shown = await client.get("/admin/confirm", params={"next": elsewhere})
         assert 'name="next" value="/admin/projects"' in shown.text, elsewhere
         sent = await client.post("/admin/confirm", data={"csrf": csrf, "next": elsewhere, "password": PASSWORD})

@@ -15,13 +15,14 @@ from credgate.admin_ui import (
     admin_pages,
     auth_pages,
     budget_pages,
+    confirm_pages,
     integration_pages,
     key_pages,
     project_pages,
     sso_pages,
     webhook_pages,
 )
-from credgate.admin_ui.base import ConfirmationRequired, Panel, SignInRequired, Visit, panel_of, render
+from credgate.admin_ui.base import Panel, RecentSignInRequired, SignInRequired, Visit, panel_of, render
 from credgate.admin_ui.security import SecurityHeaders, session_cookie_name
 from credgate.errors import ServiceError
 from credgate.services.context import Context
@@ -42,6 +43,7 @@ def create_panel(
     routes = [
         Route("/", lambda request: RedirectResponse("/admin/projects", status_code=303)),
         *auth_pages.routes,
+        *confirm_pages.routes,
         *sso_pages.routes,
         *project_pages.routes,
         *integration_pages.routes,
@@ -55,7 +57,7 @@ def create_panel(
         routes=routes,
         exception_handlers={
             SignInRequired: _sign_in,
-            ConfirmationRequired: auth_pages.ask_confirmation,
+            RecentSignInRequired: confirm_pages.ask,
             ServiceError: _service_error,
             HTTPException: _http_error,
         },

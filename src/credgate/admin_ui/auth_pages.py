@@ -1,15 +1,15 @@
-"""Sign-in, sign-out, confirming who you are before a sensitive change, and the first-run setup link."""
+"""Sign-in, sign-out and the first-run setup link."""
 
 import hmac
-from urllib.parse import urlencode, urlsplit
 
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from credgate.admin_ui.base import Visit, field, field_error, form_of, panel_of, redirect, render, visit
+from credgate.admin_ui.base import field, field_error, form_of, panel_of, redirect, render, visit
 from credgate.admin_ui.security import (
     LOGIN_CSRF_COOKIE,
+    attempt_keys,
     check_origin,
     cookie_options,
     new_csrf_token,
@@ -48,7 +48,7 @@ async def login(request: Request) -> Response:
         return await _login_form(request, error="The form expired; please sign in again.", status=403)
     username, password = field(form, "username"), str(form.get("password") or "")
     panel = panel_of(request)
-    keys = (f"user:{username.lower()}", f"address:{request.client.host if request.client else '?'}")
+    keys = attempt_keys(request, username)
     wait = panel.throttle.wait_seconds(*keys)
     if wait > 0:
         message = f"Too many failed sign-ins. Try again in {int(wait) + 1} seconds."
@@ -72,68 +72,6 @@ async def logout(request: Request) -> Response:
     response = redirect("/admin/login")
     response.delete_cookie(session_cookie_name(request), path="/")
     return response
-
-
-async def ask_confirmation(request: Request, _error: Exception) -> Response:
-    """A sensitive change asked of a session not authenticated recently: nothing was done. The user confirms who
-    they are, then comes back to the page the change was asked from, to ask it again (what its form held, a key
-    perhaps, is never carried through another page)."""
-    return redirect(f"/admin/confirm?{urlencode({'next': _back_to(request)})}")
-
-
-def _back_to(request: Request) -> str:
-    """A form's own page; for a form posted, the page it was posted from (the Referer, same-origin only)."""
-    if request.method == "GET":
-        return request.url.path + (f"?{request.url.query}" if request.url.query else "")
-    referer = urlsplit(request.headers.get("referer", ""))
-    if referer.netloc == request.url.netloc and _local(referer.path):
-        return referer.path + (f"?{referer.query}" if referer.query else "")
-    return "/admin/projects"
-
-
-def _local(path: str) -> bool:
-    # Only the panel's own pages: never another site (a backslash can stand for a slash, as in `/\host`).
-    return path.startswith("/admin/") and "\\" not in path
-
-
-async def confirm_page(request: Request) -> Response:
-    current = await visit(request, changing=False)
-    return await _confirm_form(request, current, next_page=request.query_params.get("next", ""))
-
-
-async def _confirm_form(
-    request: Request, current: Visit, *, next_page: str, error: str = "", status: int = 200
-) -> Response:
-    sso = current.panel.sso
-    context = {
-        "error": error,
-        "next": next_page if _local(next_page) else "/admin/projects",
-        "sso_name": sso.name if sso and not current.user.has_password else None,
-        "minutes": int(panel_sessions.RECENT_AUTHENTICATION.total_seconds() // 60),
-    }
-    return await render(request, "reauthenticate.html", context, current=current, status=status)
-
-
-async def confirm(request: Request) -> Response:
-    current = await visit(request, changing=False)
-    form = await form_of(request, current)
-    next_page = field(form, "next")
-    keys = (f"user:{current.user.username.lower()}", f"address:{request.client.host if request.client else '?'}")
-    throttle = current.panel.throttle
-    wait = throttle.wait_seconds(*keys)
-    if wait > 0:
-        message = f"Too many failed attempts. Try again in {int(wait) + 1} seconds."
-        return await _confirm_form(request, current, next_page=next_page, error=message, status=429)
-    try:
-        password = str(form.get("password") or "")
-        await panel_sessions.confirm_password(current.ctx, session_id=current.user.session_id, password=password)
-    except Unauthorized:
-        throttle.failed(*keys)
-        return await _confirm_form(request, current, next_page=next_page, error="Wrong password.", status=401)
-    throttle.succeeded(*keys)
-    minutes = int(panel_sessions.RECENT_AUTHENTICATION.total_seconds() // 60)
-    await current.flash(f"Confirmed. For the next {minutes} minutes, you can hand out and take away credentials.")
-    return redirect(next_page if _local(next_page) else "/admin/projects")
 
 
 async def _setup_link_refused(request: Request) -> Response:
@@ -179,8 +117,6 @@ routes = [
     Route("/login", login_page, methods=["GET"]),
     Route("/login", login, methods=["POST"]),
     Route("/logout", logout, methods=["POST"]),
-    Route("/confirm", confirm_page, methods=["GET"]),
-    Route("/confirm", confirm, methods=["POST"]),
     Route("/setup", setup_page, methods=["GET"]),
     Route("/setup", setup, methods=["POST"]),
 ]

@@ -32,8 +32,8 @@ class SignInRequired(Exception):
     """The page needs a signed-in admin."""
 
 
-class ConfirmationRequired(Exception):
-    """The action hands out or takes away a credential, and the user has not proved who they are recently."""
+class RecentSignInRequired(Exception):
+    """The page hands out or takes away a credential, and the user has not proved who they are recently."""
 
 
 class Panel:
@@ -73,9 +73,9 @@ class Visit:
     def principal(self) -> Principal:
         return Principal.of(actor=self.actor, role=self.user.role, project_ids=self.user.project_ids, kind="user")
 
-    def require_recent_authentication(self) -> None:
-        if not self.user.authenticated_recently(self.ctx.clock()):
-            raise ConfirmationRequired
+    def require_recent_sign_in(self) -> None:
+        if not self.user.signed_in_recently(self.ctx.clock()):
+            raise RecentSignInRequired
 
     async def flash(self, message: str, *, secret: str | None = None) -> None:
         """Show `message` (and the one-time `secret`) on this session's next page, whichever process serves it."""
@@ -92,7 +92,7 @@ async def visit(request: Request, *, changing: bool | None = None, sensitive: bo
 
     Every page checks here, by its project and whether it changes something (a POST does; a form's page says
     so): a project's page needs `may_read`, a change `may_change`; a change that names no project is the owner's.
-    A `sensitive` change (a credential handed out or taken away) also needs a recent sign-in or confirmation.
+    A `sensitive` page (a credential handed out or taken away) also needs a recent sign-in (confirm_pages).
     """
     panel = panel_of(request)
     secret = request.cookies.get(session_cookie_name(request))
@@ -107,7 +107,7 @@ async def visit(request: Request, *, changing: bool | None = None, sensitive: bo
     elif changing:
         current.principal.require_owner(f"{request.method} {request.url.path}")
     if sensitive:
-        current.require_recent_authentication()
+        current.require_recent_sign_in()
     return current
 
 

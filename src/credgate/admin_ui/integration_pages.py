@@ -295,7 +295,7 @@ async def settings_submit(request: Request) -> Response:
         changes["auth"] = auth
     if not errors:
         if auth_changed or changes["base_url"] != integration.base_url:
-            current.require_recent_authentication()  # where the key goes, and how, is the key's safety
+            current.require_recent_sign_in()  # where the key goes, and how, is the key's safety
         try:
             await integrations.update_integration(
                 current.ctx,

@@ -127,6 +127,7 @@ async def change(request: Request) -> Response:
     if action == "verify":
         return await _verify(request, current, key_id)
     if action == "promote":
+        current.require_recent_sign_in()  # the key in service is retired, at once or after the overlap
         overlap = field(form, "overlap")
         await key_pools.promote_key(
             current.ctx,

@@ -23,6 +23,7 @@ from credgate.limits import (
 )
 from credgate.services import audit, integrations, projects, usage
 from credgate.services.projects import current_token
+from credgate.specs import IdentityProviderSpec
 
 _CHART_DAYS = 14
 # A rotated token's overlap: the previous one keeps working this long unless the form says otherwise, so that
@@ -123,6 +124,10 @@ async def update_end_users(request: Request) -> Response:
     project_id = request.path_params["project_id"]
     try:
         changes = end_user_changes(typed)
+        trusted = changes.identity_provider
+        stored = (await projects.get_project(current.ctx, project_id=project_id)).identity_provider
+        if (trusted.model_dump() if isinstance(trusted, IdentityProviderSpec) else None) != stored:
+            current.require_recent_sign_in()  # whose tokens the gateway takes for this project's end users
         await projects.update_project(current.ctx, project_id=project_id, changes=changes, actor=current.actor)
     except InvalidInput as error:
         refused = origins_error(typed, error) if error.field.startswith("allowed_origins") else error

@@ -5,6 +5,7 @@ import hmac
 import secrets
 import time
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from starlette.datastructures import FormData
 from starlette.requests import Request
@@ -44,6 +45,23 @@ def check_origin(request: Request) -> None:
     origin = request.headers.get("origin")
     if origin is not None and origin != f"{request.url.scheme}://{request.url.netloc}":
         raise Forbidden("cross-site request refused")
+
+
+def panel_path(value: str) -> str:
+    """`value` if it names a page of the panel (a path, with its query), else the projects list: where a page
+    may send the browser next, never another site."""
+    parts = urlsplit(value)
+    segments = parts.path.split("/")
+    local = not (parts.scheme or parts.netloc) and parts.path.startswith("/admin/") and value.isprintable()
+    # A backslash can stand for a slash, and `..` or an empty segment can climb or turn into `//host`.
+    if local and "\\" not in value and "" not in segments[1:] and ".." not in segments and "." not in segments:
+        return value
+    return "/admin/projects"
+
+
+def attempt_keys(request: Request, username: str) -> tuple[str, str]:
+    """What failed password attempts are counted by: the username, and the client's address."""
+    return f"user:{username.lower()}", f"address:{request.client.host if request.client else '?'}"
 
 
 def check_csrf(form: FormData, expected: str) -> None:

@@ -10,6 +10,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -17,8 +18,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from credgate.admin_ui.base import Panel, panel_of, render
-from credgate.admin_ui.security import cookie_options, session_cookie_name
+from credgate.admin_ui.base import Panel, panel_of, render, visit
+from credgate.admin_ui.security import cookie_options, panel_path, session_cookie_name
 from credgate.config import Settings
 from credgate.crypto import DecryptionError
 from credgate.errors import NotFound, Unauthorized
@@ -34,6 +35,7 @@ _STATE_BINDING = b"credgate/v1 sso state"
 # ID tokens are taken only signed with the provider's published public keys, whatever its discovery says.
 _SIGNING_ALGORITHMS = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA")
 _LEEWAY_SECONDS = 30
+_CONFIRMING = "credgate_confirming"  # in a flow's state: the session a sign-in confirms, when, and where next
 _METADATA_SECONDS = 3600  # discovery document and keys, read again after this
 # The error codes of RFC 6749 §4.1.2.1 and §5.2 and OpenID Connect Core §3.1.2.6, the only ones shown.
 _KNOWN_ERRORS = frozenset(
@@ -160,16 +162,23 @@ def _callback_url(request: Request) -> str:
 
 
 async def start(request: Request) -> Response:
-    """Send the browser to the provider, remembering state, PKCE verifier and nonce in the flow's cookie."""
+    """Send the browser to the provider, remembering state, PKCE verifier and nonce in the flow's cookie.
+
+    With `confirm`, a signed-in user confirms who they are (confirm_pages): the provider is asked to sign them
+    in again rather than rely on its own session (OpenID Connect Core 3.1.2.1, `prompt` and `max_age`), and the
+    callback checks that it did."""
     panel = panel_of(request)
     sso, client = _provider(panel)
     request.scope["session"] = {}  # authlib keeps the flow's state here
+    again: dict[str, Any] = {}
+    if request.query_params.get("confirm"):
+        current = await visit(request, changing=False)
+        next_page = panel_path(request.query_params.get("next", ""))
+        request.session[_CONFIRMING] = {"session": current.user.session_id, "since": _now(), "next": next_page}
+        again = {"prompt": "login", "max_age": 0}
     try:
         async with _asking(client):
             await _checked_metadata(sso, client)
-            # To confirm who they are before a sensitive change, the user signs in at the provider again, not
-            # through the provider's own session (OpenID Connect Core, 3.1.2.1).
-            again = {"prompt": "login"} if request.query_params.get("confirm") else {}
             response: Response = await client.authorize_redirect(request, _callback_url(request), **again)
     except SingleSignOnFailed as error:
         return await _refused(request, str(error))
@@ -212,13 +221,26 @@ async def callback(request: Request) -> Response:
             new_users=sso.new_users,
             new_user_domains=sso.email_domains,
         )
+        auth_time = claims.get("auth_time")
+        signed_in_at = float(auth_time) if isinstance(auth_time, int | float) else None
+        confirming = flow.get(_CONFIRMING)
+        if confirming is not None:
+            if signed_in_at is None or signed_in_at < float(confirming["since"]) - _LEEWAY_SECONDS:
+                raise SingleSignOnFailed("the identity provider did not sign you in again; nothing was confirmed")
+            await panel_sessions.confirm_single_sign_on(panel.ctx, session_id=confirming["session"], user_id=user.id)
     except (SingleSignOnFailed, Unauthorized) as error:
         return await _refused(request, str(error), flow_cookie=(name, path))
-    secret, _ = await panel_sessions.open_session(panel.ctx, user, via="single sign-on")
     # Not a redirect: the session cookie is SameSite=Strict, and browsers withhold it from a redirect that
     # continues the provider's cross-site one. The page's own refresh is a same-site navigation.
-    response = await render(request, "sso_done.html", {})
-    response.set_cookie(session_cookie_name(request), secret, **cookie_options(request))  # type: ignore[arg-type]
+    if confirming is not None:  # the session the browser holds is the one confirmed
+        response = await render(request, "sso_done.html", {"next": confirming["next"], "confirmed": True})
+    else:
+        # Signed in through the provider's own session, the user proved who they are when they opened it.
+        age = timedelta(seconds=max(0.0, _now() - signed_in_at)) if signed_in_at is not None else timedelta()
+        opened = panel.ctx.clock() - age
+        secret, _ = await panel_sessions.open_session(panel.ctx, user, via="single sign-on", authenticated_at=opened)
+        response = await render(request, "sso_done.html", {"next": "/admin/projects", "confirmed": False})
+        response.set_cookie(session_cookie_name(request), secret, **cookie_options(request))  # type: ignore[arg-type]
     response.delete_cookie(name, path=path)
     return response
 

@@ -37,7 +37,7 @@ async def page(request: Request) -> Response:
 
 
 async def add(request: Request) -> Response:
-    current = await visit(request)
+    current = await visit(request, sensitive=True)
     form = await form_of(request, current)
     url, chosen = field(form, "url"), [str(each) for each in form.getlist("events")]
     typed = {"url": url, "events": chosen}
@@ -72,7 +72,7 @@ async def change(request: Request) -> Response:
 
 
 async def remove_confirm(request: Request) -> Response:
-    current = await visit(request, changing=True)
+    current = await visit(request, changing=True, sensitive=True)
     context = {
         "title": "Remove this webhook?",
         "consequence": "No event is posted to it any more; its secret and its delivery log go with it.",
@@ -84,7 +84,7 @@ async def remove_confirm(request: Request) -> Response:
 
 
 async def remove(request: Request) -> Response:
-    current = await visit(request)
+    current = await visit(request, sensitive=True)
     await form_of(request, current)
     await events.remove_webhook(
         current.ctx,

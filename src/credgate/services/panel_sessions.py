@@ -20,9 +20,10 @@ IDLE_TIMEOUT = timedelta(minutes=30)
 ABSOLUTE_TIMEOUT = timedelta(hours=12)
 # Handing out or taking away a credential (a key, a token, an admin account) needs the user to have proved who
 # they are this recently (ASVS 7.5.1): a session left open on an unattended screen cannot do it.
-RECENT_AUTHENTICATION = timedelta(minutes=15)
+RECENT_SIGN_IN = timedelta(minutes=15)
 SETUP_META_NAME = "setup_token_hash"  # the meta row holding the hash (never the token)
 _SEEN_RESOLUTION = timedelta(minutes=1)
+_SESSION_ENDED = "the session has ended; sign in again"
 _password_hasher = PasswordHasher()
 
 
@@ -41,12 +42,12 @@ class SignedIn:
     username: str
     csrf_token: str
     authenticated_at: datetime
+    has_password: bool  # else a single sign-on user, who confirms who they are at the identity provider
     role: str = "owner"  # credgate.roles, read anew with each page: a changed role applies at once
     project_ids: tuple[str, ...] = ()
-    has_password: bool = True  # else a single sign-on user, who confirms who they are at the identity provider
 
-    def authenticated_recently(self, now: datetime) -> bool:
-        return now - self.authenticated_at <= RECENT_AUTHENTICATION
+    def signed_in_recently(self, now: datetime) -> bool:
+        return now - self.authenticated_at <= RECENT_SIGN_IN
 
 
 async def sign_in(ctx: Context, *, username: str, password: str) -> tuple[str, SignedIn]:
@@ -68,22 +69,43 @@ def _checked(user: AdminUser | None, password: str) -> AdminUser:
 
 
 async def confirm_password(ctx: Context, *, session_id: str, password: str) -> None:
-    """The session's user proves again who they are: its authentication is now; Unauthorized otherwise."""
+    """The session's user proves again who they are with their password; Unauthorized otherwise."""
+    session = await _session(ctx, session_id)
+    # Checked before the write transaction, which argon2's tenth of a second would otherwise hold open.
+    _checked(session.user, password)
+    await _confirm(ctx, session, via="password")
+
+
+async def confirm_single_sign_on(ctx: Context, *, session_id: str, user_id: str) -> None:
+    """The session's user has just signed in again at the identity provider (the panel checked when)."""
+    session = await _session(ctx, session_id)
+    if session.user_id != user_id:
+        raise Unauthorized(_SESSION_ENDED)
+    await _confirm(ctx, session, via="single sign-on")
+
+
+async def _session(ctx: Context, session_id: str) -> AdminSession:
     async with ctx.database.transaction(write=False) as repo:
         session = await repo.get_admin_session(session_id)
     if session is None:
-        raise Unauthorized("the session has ended; sign in again")
-    _checked(session.user, password)
+        raise Unauthorized(_SESSION_ENDED)
+    return session
+
+
+async def _confirm(ctx: Context, session: AdminSession, *, via: str) -> None:
     actor = f"user:{session.user.username}"
-    async with ctx.change(actor=actor, action="panel.confirm", detail={"via": "password"}) as repo:
-        session = await repo.get_admin_session(session_id)
-        if session is None:
-            raise Unauthorized("the session has ended; sign in again")
-        session.authenticated_at = ctx.clock()
+    async with ctx.change(actor=actor, action="panel.confirm", detail={"via": via}) as repo:
+        current = await repo.get_admin_session(session.id)
+        if current is None:  # ended meanwhile
+            raise Unauthorized(_SESSION_ENDED)
+        current.authenticated_at = ctx.clock()
 
 
-async def open_session(ctx: Context, user: AdminUser, *, via: str = "password") -> tuple[str, SignedIn]:
-    """A new session for `user`, who has proved who they are (`via` a password or single sign-on)."""
+async def open_session(
+    ctx: Context, user: AdminUser, *, via: str = "password", authenticated_at: datetime | None = None
+) -> tuple[str, SignedIn]:
+    """A new session for `user`, who has proved who they are (`via` a password or single sign-on), now or at
+    `authenticated_at` (through an identity provider's own session)."""
     secret = secrets.token_urlsafe(32)
     now = ctx.clock()
     session = AdminSession(
@@ -92,7 +114,7 @@ async def open_session(ctx: Context, user: AdminUser, *, via: str = "password") 
         csrf_token=secrets.token_urlsafe(32),
         created_at=now,
         last_seen_at=now,
-        authenticated_at=now,
+        authenticated_at=now if authenticated_at is None else min(now, authenticated_at),
     )
     async with ctx.change(actor=f"user:{user.username}", action="panel.sign_in", detail={"via": via}) as repo:
         # Sessions that timed out and were never resumed go here, with their panel state (its secrets included).

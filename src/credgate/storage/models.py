@@ -15,6 +15,7 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
+    func,
     text,
 )
 from sqlalchemy.engine import Dialect
@@ -335,7 +336,8 @@ class AdminSession(Base):
     csrf_token: Mapped[str] = mapped_column(String(64))
     created_at: Mapped[datetime]
     last_seen_at: Mapped[datetime]
-    authenticated_at: Mapped[datetime]  # the last time its user proved who they are: the sign-in, or a confirmation
+    # The last time its user proved who they are: the sign-in, or a confirmation (admin_ui/confirm_pages.py).
+    authenticated_at: Mapped[datetime] = mapped_column(server_default=func.now())
     flash_messages: Mapped[list[Any] | None] = mapped_column(JSON(none_as_null=True))
     flash_secret: Mapped[bytes | None] = mapped_column(LargeBinary)
     flash_at: Mapped[datetime | None]

@@ -16,11 +16,13 @@ depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
+    # The default serves instances still running the code before this one, during a rolling upgrade: their
+    # sign-ins name no `authenticated_at`.
     with op.batch_alter_table("admin_sessions", schema=None) as batch_op:
-        batch_op.add_column(sa.Column("authenticated_at", sa.DateTime(timezone=True), nullable=True))
+        batch_op.add_column(
+            sa.Column("authenticated_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now())
+        )
     op.execute("UPDATE admin_sessions SET authenticated_at = created_at")  # each was opened by a sign-in
-    with op.batch_alter_table("admin_sessions", schema=None) as batch_op:
-        batch_op.alter_column("authenticated_at", existing_type=sa.DateTime(timezone=True), nullable=False)
 
 
 def downgrade() -> None:
