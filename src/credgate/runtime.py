@@ -29,6 +29,8 @@ from credgate.services.verification import Verification
 from credgate.specs import Endpoint
 from credgate.tracing import open_tracing
 
+_YOUNG_COLLECTION_ALLOCATIONS = 10_000  # the collector's first threshold once start-up is frozen
+
 ContextOpener = Callable[[Settings], Awaitable[Context]]
 """Opens the services' context at start: `bootstrap.open_context` (migrates, first-run setup) for one process,
 `bootstrap.attach_context` for a worker of several."""
@@ -141,4 +143,4 @@ def _settle_collector() -> None:
     the collector's way. At Python's default threshold (700 allocations) the collector then still took 5% of a
     worker's time under the benchmark's load (perf record); at 10,000, under 0.5%, with the same peak RSS."""
     gc.freeze()
-    gc.set_threshold(10_000, 10, 10)
+    gc.set_threshold(_YOUNG_COLLECTION_ALLOCATIONS, 10, 10)
