@@ -223,7 +223,7 @@ class SharedBudgets:
         self._outage.failed(error)
 
     async def aclose(self) -> None:
-        """Finish the settlements under way, stop the admissions' calls (shutting down)."""
+        """Let the admissions and settlements under way end (shutting down)."""
         await self._admissions.aclose()
         await asyncio.gather(*self._settling, return_exceptions=True)
 

@@ -217,9 +217,9 @@ class SharedPlaces:
                     self._return(key, member)
 
     async def aclose(self) -> None:
-        """Give back what is being given back, stop the rest (shutting down): places still held run out. A
-        renewal under way ends by itself (within the answer timeout): a Redis call cut off by a cancellation can
-        leave the client waiting on its connection."""
+        """Give back what is being given back, let the calls under way end (shutting down): places still held
+        run out. A renewal under way ends by itself (within the answer timeout): a Redis call cut off by a
+        cancellation can leave the client waiting on its connection."""
         self._closing.set()
         await self._takes.aclose()
         if self._returning:

@@ -109,7 +109,7 @@ class SharedRateLimiter:
         return [int(wait_us) / 1_000_000 for wait_us in answered]
 
     async def aclose(self) -> None:
-        """Stop the calls under way (shutting down): their requests are counted locally."""
+        """Let the calls under way end (shutting down)."""
         await self._checks.aclose()
 
 

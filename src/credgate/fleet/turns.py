@@ -82,7 +82,7 @@ class TurnBatch(Generic[Question, Answer]):
             self._abandoned(question, answer)
 
     async def aclose(self) -> None:
-        """Stop the calls under way (shutting down): their requests are answered None."""
-        for call in list(self._calls):
-            call.cancel()
-        await asyncio.gather(*self._calls, return_exceptions=True)
+        """Let the calls under way end (shutting down), each within its answer timeout; never cancelled from here:
+        a redis-py call cancelled mid-flight from outside was seen to leave its task waiting for ever."""
+        if self._calls:
+            await asyncio.wait(set(self._calls), timeout=2 * ANSWER_TIMEOUT_SECONDS)
