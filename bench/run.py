@@ -358,7 +358,7 @@ def render(
 
     redis_rows = {
         SHARED_LIMIT: "a rate limit counted in Redis (one script call for the checks of each event-loop turn)",
-        BUDGETED: "three budgets (requests, tokens, cost) counted in Redis (one script call for the admissions of "
+        BUDGETED: "counting three budgets (requests, tokens, cost) in Redis (one script call for the admissions of "
         "each event-loop turn, the settlements batched)",
         CAPPED: "a cap on requests under way counted in Redis (a place taken in one script call per event-loop "
         "turn, given back in one call per turn)",
