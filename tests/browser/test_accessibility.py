@@ -83,6 +83,7 @@ class Site:
             "add new API: details": f"{project}/add?provider=anthropic",
             "custom configure": f"{project}/custom",
             "revoke the project token": f"{project}/token/revoke",
+            "confirm it's you": f"/admin/confirm?next={openai}/key",
             "error": "/admin/projects/nowhere",
         }
 

@@ -151,6 +151,26 @@ async def test_edit_rotate_and_revoke_a_key(gateway: RunningGateway, page: Page,
     assert (revoked.status_code, revoked.headers["x-credgate-error"]) == (403, "true")
 
 
+async def test_confirming_who_you_are_goes_back_to_the_page_it_was_asked_from(
+    gateway: RunningGateway, page: Page, tmp_path: Path
+) -> None:
+    """The page a session older than 15 minutes is sent to before a sensitive change (the server's clock cannot
+    be moved here: tests/reliability/test_auth_isolation.py sends it there; this is the page in a browser)."""
+    await sign_in(page, gateway)
+    await page.goto(f"{gateway.url}/admin/confirm?next=/admin/audit")
+    await expect(page.get_by_label("Username")).to_have_value("admin")
+    await expect(page.get_by_label("Password")).to_be_focused()
+    await screenshot(page, "confirm", tmp_path)
+    await page.get_by_label("Password").fill("not the password")
+    await page.get_by_role("button", name="Confirm").click()
+    await expect(page.get_by_role("alert")).to_have_text("Wrong password.")
+    await page.get_by_label("Password").fill(PASSWORD)
+    await page.get_by_role("button", name="Confirm").click()
+    await expect(page).to_have_url(f"{gateway.url}/admin/audit")
+    await expect(page.get_by_role("status")).to_contain_text("Confirmed. For the next 15 minutes")
+    await seen(page)
+
+
 async def test_usage_and_audit_pages(gateway: RunningGateway, page: Page, upstream: Upstream, tmp_path: Path) -> None:
     await sign_in(page, gateway)
     project_url, token = await create_project(page, gateway)
