@@ -174,7 +174,7 @@ async def answers(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[str]]:
 
 
 async def check(url: str, entries: list[str]) -> None:
-    await check_upstream_url(url, allow_private=False, exceptions=PrivateNetworks.of(entries))
+    await check_upstream_url(url, allow_private=False, exceptions=PrivateNetworks.of(entries), ports=frozenset({443}))
 
 
 @pytest.mark.parametrize(
@@ -216,6 +216,28 @@ async def test_an_upstream_outside_the_exceptions_is_refused_when_configured(
     answers |= {"localhost": ["127.0.0.1"], "mixed.example": ["10.0.0.7", "127.0.0.1"], "vllm.example": ["10.0.0.7"]}
     answers |= {"api.example": ["93.184.216.34"], "meta.example": ["169.254.169.254"]}
     with pytest.raises(UpstreamRefused, match=reason):
+        await check(url, entries)
+
+
+@pytest.mark.parametrize(
+    ("url", "entries", "refused"),
+    [
+        ("http://127.0.0.1:11434/v1", ["127.0.0.1"], False),  # a listed address: any port
+        ("http://gpu-box:8000/v1", ["gpu-box"], False),  # a listed name: any port
+        ("https://vllm.example:8443/v1", ["10.0.0.0/8"], False),  # answering inside a listed network
+        ("https://api.example:22/v1", ["10.0.0.0/8"], True),  # public: the port list holds for it as for everyone
+        ("https://93.184.216.34:25/v1", ["10.0.0.0/8"], True),
+        ("https://unknown.example:22/v1", ["10.0.0.0/8"], True),  # not resolving now: its spelling decides
+    ],
+)
+async def test_the_port_list_holds_for_public_hosts_and_not_for_listed_ones(
+    answers: dict[str, list[str]], url: str, entries: list[str], refused: bool
+) -> None:
+    answers |= {"gpu-box": ["127.0.0.1"], "vllm.example": ["10.0.0.7"], "api.example": ["93.184.216.34"]}
+    if refused:
+        with pytest.raises(UpstreamRefused, match=r"^port \d+ is not one a public upstream may use"):
+            await check(url, entries)
+    else:
         await check(url, entries)
 
 

@@ -4,7 +4,7 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DATABASE_FILE_NAME = "credgate.db"
@@ -36,6 +36,9 @@ class Settings(BaseSettings):
     # `credgate serve` processes sharing the listening socket: about one per core (README, Running several workers).
     workers: int = Field(default=1, ge=1, le=MAX_WORKERS)
     allow_private_upstreams: bool = False
+    # The ports a public upstream (base URL, OAuth token URL) may be reached on, comma-separated. Hosts listed in an
+    # integration's private_networks, and every host while CREDGATE_ALLOW_PRIVATE_UPSTREAMS is on, may use any.
+    upstream_ports: str = "443"
     max_request_bytes: int = Field(default=32 * 1024 * 1024, ge=1)
     # The request line and headers, counted as they arrive: more gets 431 before anything else is done.
     max_header_bytes: int = Field(default=64 * 1024, ge=1024, le=1024 * 1024)
@@ -92,6 +95,18 @@ class Settings(BaseSettings):
                 "come in, for a public identity provider knows everyone"
             )
         return self
+
+    @field_validator("upstream_ports")
+    @classmethod
+    def _ports_are_ports(cls, value: str) -> str:
+        for part in value.split(","):
+            if not (part.strip().isdigit() and 1 <= int(part) <= 65535):
+                raise ValueError(f"{part.strip()!r} is not a port: give whole numbers from 1 to 65535, comma-separated")
+        return value
+
+    @property
+    def upstream_port_set(self) -> frozenset[int]:
+        return frozenset(int(part) for part in self.upstream_ports.split(","))
 
     @property
     def oidc_email_domain_set(self) -> frozenset[str]:

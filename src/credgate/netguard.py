@@ -134,21 +134,24 @@ def refuses_host(host: str) -> bool:
     return not is_public(address) if address is not None else private_by_name(host)
 
 
-async def check_upstream_url(url: str, *, allow_private: bool, exceptions: "PrivateNetworks | None" = None) -> None:
-    """Refuse a base or token URL that is not a valid host, is not https, or reaches a non-public address
-    (UpstreamRefused), unless the integration's `exceptions` allow it. A name that does not resolve now is let
-    through: the connection is checked again when it is made."""
+async def check_upstream_url(
+    url: str, *, allow_private: bool, exceptions: "PrivateNetworks | None" = None, ports: frozenset[int] | None = None
+) -> None:
+    """Refuse a base or token URL that is not a valid host, is not https, reaches a non-public address, or (given
+    `ports`) a public one on another port (UpstreamRefused), unless the integration's `exceptions` allow it. A name
+    that does not resolve now is let through: the connection is checked again when it is made."""
     parts = urlsplit(url)
     host = normalise_host(parts.hostname or "")
     if allow_private:
         return
     if exceptions:
-        await _check_with_exceptions(parts, host, exceptions)
+        await _check_with_exceptions(parts, host, exceptions, ports)
         return
     if parts.scheme != "https":
         raise UpstreamRefused("must use https (set CREDGATE_ALLOW_PRIVATE_UPSTREAMS for a private upstream)")
     if refuses_host(host):
         raise _refused()
+    _check_port(parts, ports)  # after: a private host is refused as such, whatever its port
     if numeric_host(host) is not None:
         return
     try:
@@ -157,6 +160,14 @@ async def check_upstream_url(url: str, *, allow_private: bool, exceptions: "Priv
         return
     if not all(is_public(str(info[4][0])) for info in infos):
         raise _refused()
+
+
+def _check_port(parts: SplitResult, ports: frozenset[int] | None) -> None:
+    """A public upstream on a port outside `ports`: an SMTP or SSH server is no provider (SS-06)."""
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    if ports is not None and port not in ports:
+        allowed = ", ".join(str(each) for each in sorted(ports))
+        raise UpstreamRefused(f"port {port} is not one a public upstream may use (CREDGATE_UPSTREAM_PORTS: {allowed})")
 
 
 def _refused() -> UpstreamRefused:
@@ -331,10 +342,13 @@ class PrivateNetworks:
 NO_PRIVATE_NETWORKS = PrivateNetworks()
 
 
-async def _check_with_exceptions(parts: SplitResult, host: str, exceptions: PrivateNetworks) -> None:
-    """The save-time check of an integration with exceptions: a listed name may use plain http and resolve to any
-    address but a link-local or metadata one; a numeric host inside a listed network may use plain http; any
-    other host must be https and every address it resolves to public or inside a listed network."""
+async def _check_with_exceptions(
+    parts: SplitResult, host: str, exceptions: PrivateNetworks, ports: frozenset[int] | None
+) -> None:
+    """The save-time check of an integration with exceptions: a listed name may use plain http, any port, and
+    resolve to any address but a link-local or metadata one; a numeric host inside a listed network may use plain
+    http and any port; any other host must be https and every address it resolves to public or inside a listed
+    network, and a public one keeps the port list."""
     listed_name = exceptions.lists_name(host)
     address = numeric_host(host)
     if address is not None:
@@ -345,14 +359,18 @@ async def _check_with_exceptions(parts: SplitResult, host: str, exceptions: Priv
     if parts.scheme != "https" and not listed_name:
         raise UpstreamRefused("must use https, unless its host is listed in private_networks")
     if address is not None:
+        _check_port(parts, ports)
         return
     try:
         infos = await asyncio.get_running_loop().getaddrinfo(host, parts.port or 443, type=socket.SOCK_STREAM)
     except OSError:
-        return
-    for info in infos:
-        if not exceptions.admits(str(info[4][0]), listed_name=listed_name):
-            raise _refused_by_exceptions(str(info[4][0]))
+        infos = []
+    addresses = [str(info[4][0]) for info in infos]
+    for each in addresses:
+        if not exceptions.admits(each, listed_name=listed_name):
+            raise _refused_by_exceptions(each)
+    if not listed_name and not any(exceptions.in_networks(each) for each in addresses):
+        _check_port(parts, ports)
 
 
 def _refused_by_exceptions(address: str) -> UpstreamRefused:

@@ -29,6 +29,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
+from pydantic import ValidationError
 
 from credgate.app import create_app
 from credgate.config import Settings
@@ -506,8 +507,7 @@ async def test_ss05_redirects_are_relayed_unchanged_and_never_followed(
     assert (canary.hits, network.refused) == (0, [])
 
 
-# SS-06: scheme and userinfo. Ports are not restricted: `https://host:22` is accepted, as credgate's
-# configuration has no port allow-list (the catalogue's default-443 list is not part of its contract).
+# SS-06: scheme, userinfo and port.
 
 
 @BOTH_BACKENDS
@@ -530,9 +530,46 @@ async def test_ss06_only_https_without_userinfo_is_accepted(admin: Admin, ctx: C
     assert canary.hits == 0
 
 
-# SS-07: credgate's allow-list is one process-wide switch, CREDGATE_ALLOW_PRIVATE_UPSTREAMS (no CIDR and port
-# list yet). `credgate serve` warns on the terminal and in the log while it is on: pinned by
-# tests/e2e/test_ssrf.py::test_serve_says_loudly_when_the_guard_is_off.
+# SS-07: each integration lists its own exceptions (private_networks: tests/test_netguard_private_networks.py);
+# the process-wide switch CREDGATE_ALLOW_PRIVATE_UPSTREAMS stays, for tests. `credgate serve` warns on the
+# terminal and in the log while it is on: tests/e2e/test_ssrf.py::test_serve_says_loudly_when_the_guard_is_off.
+
+
+@BOTH_BACKENDS
+async def test_ss06_a_public_upstream_is_reached_on_an_allowed_port_only(
+    admin: Admin, ctx: Context, canary: Canary
+) -> None:
+    """CREDGATE_UPSTREAM_PORTS, 443 unless told: an SSH or mail server is no provider, for a base URL or a token
+    URL alike; the message names the port and the setting, never the host."""
+    refused = "port {} is not one a public upstream may use (CREDGATE_UPSTREAM_PORTS: {})"
+    ports = {
+        "https://api.public.test:22/v1": 22,
+        "https://api.public.test:25/v1": 25,
+        "https://93.184.216.34:8443/": 8443,
+    }
+    assert await refusals(admin, list(ports)) == {
+        url: (422, "base_url: " + refused.format(port, 443)) for url, port in ports.items()
+    }
+    assert await refusals(admin, ["https://api.public.test:22/token"], token_urls=True) == {
+        "https://api.public.test:22/token": (422, "auth.token_url: " + refused.format(22, 443))
+    }
+    assert (await admin.save("https://api.public.test:443/v1", provider="default-port")).status_code == 201
+    ctx.upstream_ports = frozenset({443, 8443})
+    assert (await admin.save("https://api.public.test:8443/v1", provider="listed-port")).status_code == 201
+    assert (await admin.save("https://api.public.test:22/v1", provider="ssh")).json()["error"]["message"] == (
+        "base_url: " + refused.format(22, "443, 8443")
+    )
+    ctx.allow_private_upstreams = True  # the switch (tests) lifts every check but the URL's shape
+    assert (await admin.save("https://api.public.test:22/v1", provider="switched")).status_code == 201
+    assert canary.hits == 0
+
+
+def test_ss06_the_port_list_is_ports() -> None:
+    assert Settings().upstream_port_set == {443}
+    assert Settings(upstream_ports="443, 8443").upstream_port_set == {443, 8443}
+    for wrong in ("", "443,", "https", "0", "65536", "443;8443"):
+        with pytest.raises(ValidationError, match="is not a port"):
+            Settings(upstream_ports=wrong)
 
 
 async def test_ss07_the_guard_is_on_unless_the_switch_is_set(monkeypatch: pytest.MonkeyPatch) -> None:

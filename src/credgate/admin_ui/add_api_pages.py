@@ -67,7 +67,8 @@ def _key_note(integration: Integration) -> tuple[bool, str]:
 async def _refusal(current: Visit, url: str) -> str | None:
     """The SSRF guard's verdict on `url`, as the service will give it at Save (no exceptions listed here)."""
     try:
-        await check_upstream_url(url, allow_private=current.ctx.allow_private_upstreams)
+        ctx = current.ctx
+        await check_upstream_url(url, allow_private=ctx.allow_private_upstreams, ports=ctx.upstream_ports)
     except UpstreamRefused as error:
         return str(error)
     return None

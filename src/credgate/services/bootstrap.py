@@ -114,6 +114,7 @@ def _context(settings: Settings, database: Database, keyring: KeyRing) -> Contex
         templates=templates,
         fleet=fleet,
         allow_private_upstreams=settings.allow_private_upstreams,
+        upstream_ports=settings.upstream_port_set,
     )
 
 

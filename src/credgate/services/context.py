@@ -88,6 +88,7 @@ class Context:
     access: AccessCache = field(default_factory=AccessCache)
     clock: Callable[[], datetime] = utcnow
     allow_private_upstreams: bool = False
+    upstream_ports: frozenset[int] = frozenset({443})  # for a public upstream (config.Settings.upstream_ports)
     # The Redis shared with the other workers and instances, if any: changes are announced through it.
     fleet: Fleet | None = None
 

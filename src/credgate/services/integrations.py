@@ -80,7 +80,9 @@ async def _check_upstream(
         if url is None:
             continue
         try:
-            await check_upstream_url(url, allow_private=ctx.allow_private_upstreams, exceptions=exceptions)
+            await check_upstream_url(
+                url, allow_private=ctx.allow_private_upstreams, exceptions=exceptions, ports=ctx.upstream_ports
+            )
         except UpstreamRefused as error:
             raise InvalidInput(field, str(error)) from None
 
