@@ -23,12 +23,10 @@ async def ask(request: Request, _error: Exception) -> Response:
 
 def _back_to(request: Request) -> str:
     """A form's own page; for a form posted, the page it was posted from (the Referer, same-origin only)."""
-    if request.method == "GET":
-        return panel_path(request.url.path + (f"?{request.url.query}" if request.url.query else ""))
-    referer = urlsplit(request.headers.get("referer", ""))
-    if referer.netloc != request.url.netloc:
+    page = urlsplit(str(request.url)) if request.method == "GET" else urlsplit(request.headers.get("referer", ""))
+    if page.netloc != request.url.netloc:
         return panel_path("")
-    return panel_path(referer.path + (f"?{referer.query}" if referer.query else ""))
+    return panel_path(page.path + (f"?{page.query}" if page.query else ""))
 
 
 async def page(request: Request) -> Response:
@@ -65,12 +63,8 @@ async def confirm(request: Request) -> Response:
         throttle.failed(*keys)
         return await _form(request, current, next_page=next_page, error="Wrong password.", status=401)
     throttle.succeeded(*keys)
-    await confirmed(current)
-    return redirect(panel_path(next_page))
-
-
-async def confirmed(current: Visit) -> None:
     await current.flash(f"Confirmed. For the next {MINUTES} minutes, you can hand out and take away credentials.")
+    return redirect(panel_path(next_page))
 
 
 routes = [
