@@ -128,8 +128,8 @@ class SharedPlaces:
         self._held: dict[str, str] = {}  # member → its set: the places of this process's requests under way
         # (set, member, cap) → whether it took a place; one whose request left meanwhile goes back.
         self._takes: TurnBatch[tuple[str, str, int], bool] = TurnBatch(self._call, self._outage, abandoned=self._left)
-        self._returning: list[tuple[str, str]] = []  # (set, member): given back in this turn
-        self._tasks: set[asyncio.Task[None]] = set()
+        # (set, member): the places given back in a turn, in one call; while Redis fails, their leases free them.
+        self._returns: TurnBatch[tuple[str, str], object] = TurnBatch(self._remove, self._outage)
         self._renewing: asyncio.Task[None] | None = None
         self._closing = asyncio.Event()
 
@@ -150,28 +150,12 @@ class SharedPlaces:
             return
         key = self._held.pop(place.member, None)
         if key is not None:
-            self._return(key, place.member)
+            self._returns.tell((key, place.member))
 
     def _left(self, asked: tuple[str, str, int], taken: bool) -> None:
         """A request that left as its place was being taken: the place goes back."""
         if taken:
-            self._return(asked[0], asked[1])
-
-    def _return(self, key: str, member: str) -> None:
-        """Remove the member with the others of this turn, in one call; while Redis fails, its lease frees it."""
-        if self._outage.failing:
-            return
-        if not self._returning:
-            asyncio.get_running_loop().call_soon(self._send_returning)
-        self._returning.append((key, member))
-
-    def _send_returning(self) -> None:
-        batch, self._returning = self._returning, []
-        if not batch:
-            return
-        task = asyncio.ensure_future(self._remove(batch))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+            self._returns.tell((asked[0], asked[1]))
 
     async def _call(self, takes: list[tuple[str, str, int]]) -> list[bool]:
         args: list[int | str] = [self._lease_ms]
@@ -182,16 +166,13 @@ class SharedPlaces:
         except BaseException:
             # A call that timed out may still have taken places, which its requests, counted here, do not hold.
             for key, member, _ in takes:
-                self._return(key, member)
+                self._returns.tell((key, member))
             raise
         return [bool(int(one)) for one in taken]
 
-    async def _remove(self, places: list[tuple[str, str]]) -> None:
-        try:
-            async with asyncio.timeout(ANSWER_TIMEOUT_SECONDS):
-                await self._release(keys=[key for key, _ in places], args=[member for _, member in places])
-        except Exception as error:  # each place is freed when its lease runs out
-            self._outage.failed(error)
+    async def _remove(self, places: list[tuple[str, str]]) -> list[object]:
+        await self._release(keys=[key for key, _ in places], args=[member for _, member in places])
+        return []
 
     def _keep_renewing(self) -> None:
         if self._renewing is None or self._renewing.done():
@@ -214,7 +195,7 @@ class SharedPlaces:
             # A place given back while the renewal was on its way may have been put back by it: remove it again.
             for member, key in held:
                 if member not in self._held:
-                    self._return(key, member)
+                    self._returns.tell((key, member))
 
     async def aclose(self) -> None:
         """Give back what is being given back, let the calls under way end (shutting down): places still held
@@ -222,6 +203,6 @@ class SharedPlaces:
         cancellation can leave the client waiting on its connection."""
         self._closing.set()
         await self._takes.aclose()
-        if self._returning:
-            self._send_returning()
-        await asyncio.gather(*self._tasks, *([self._renewing] if self._renewing else []), return_exceptions=True)
+        if self._renewing is not None:
+            await asyncio.gather(self._renewing, return_exceptions=True)
+        await self._returns.aclose()

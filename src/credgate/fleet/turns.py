@@ -4,7 +4,8 @@ The rate limits, the budgets and the caps on requests under way each ask Redis s
 together, the questions of a turn cost one round trip: under load one call serves many requests, and a request
 never waits for another turn. A call that fails, or takes over ANSWER_TIMEOUT_SECONDS, answers None to each of
 its questions (the caller then counts in this process); while the outage lasts, questions are answered None at
-once, but for one call a second that tries Redis again.
+once, but for one call a second that tries Redis again. A question whose answer nobody waits for (a place given
+back) is told, not asked: it joins the turn's call, and is dropped while the outage lasts.
 """
 
 import asyncio
@@ -33,18 +34,15 @@ class TurnBatch(Generic[Question, Answer]):
         self._outage = outage
         self._failed = failed or outage.failed
         self._abandoned = abandoned
-        self._waiting: list[tuple[Question, asyncio.Future[Answer | None]]] = []
+        self._waiting: list[tuple[Question, asyncio.Future[Answer | None] | None]] = []  # None: told
         self._calls: set[asyncio.Task[None]] = set()
 
     async def ask(self, question: Question) -> Answer | None:
         """The answer from this turn's call; None when Redis does not answer (or is known not to)."""
         if not self._waiting and not self._outage.may_try():
             return None
-        loop = asyncio.get_running_loop()
-        answer: asyncio.Future[Answer | None] = loop.create_future()
-        if not self._waiting:
-            loop.call_soon(self._send)  # once every question of this turn has joined
-        self._waiting.append((question, answer))
+        answer: asyncio.Future[Answer | None] = asyncio.get_running_loop().create_future()
+        self._join(question, answer)
         try:
             return await answer
         except asyncio.CancelledError:  # the request left, maybe just as its answer came
@@ -52,16 +50,27 @@ class TurnBatch(Generic[Question, Answer]):
                 self._abandon(question, answer.result())
             raise
 
+    def tell(self, question: Question) -> None:
+        """Put the question to this turn's call, its answer unread; dropped while the call would fail."""
+        if not self._outage.failing:
+            self._join(question, None)
+
+    def _join(self, question: Question, answer: asyncio.Future[Answer | None] | None) -> None:
+        if not self._waiting:
+            asyncio.get_running_loop().call_soon(self._send)  # once every question of this turn has joined
+        self._waiting.append((question, answer))
+
     def _send(self) -> None:
         batch, self._waiting = self._waiting, []
-        batch = [entry for entry in batch if not entry[1].done()]  # a request gone before the call: not asked
+        # A request gone before the call: not asked.
+        batch = [entry for entry in batch if entry[1] is None or not entry[1].done()]
         if not batch:
             return
         call = asyncio.ensure_future(self._answer(batch))
         self._calls.add(call)
         call.add_done_callback(self._calls.discard)
 
-    async def _answer(self, batch: list[tuple[Question, asyncio.Future[Answer | None]]]) -> None:
+    async def _answer(self, batch: list[tuple[Question, asyncio.Future[Answer | None] | None]]) -> None:
         answers: list[Answer | None] = [None] * len(batch)
         try:
             async with asyncio.timeout(ANSWER_TIMEOUT_SECONDS):
@@ -72,6 +81,8 @@ class TurnBatch(Generic[Question, Answer]):
             self._outage.answered()
         finally:  # cancelled or not, every request waiting gets its answer
             for (question, future), answer in zip(batch, answers, strict=False):
+                if future is None:
+                    continue
                 if future.done():  # its request has gone (the client left)
                     self._abandon(question, answer)
                 else:
@@ -83,6 +94,8 @@ class TurnBatch(Generic[Question, Answer]):
 
     async def aclose(self) -> None:
         """Let the calls under way end (shutting down), each within its answer timeout; never cancelled from here:
-        a redis-py call cancelled mid-flight from outside was seen to leave its task waiting for ever."""
+        a redis-py call cancelled mid-flight from outside was seen to leave its task waiting for ever. What this
+        turn asked or told is sent first."""
+        self._send()
         if self._calls:
             await asyncio.wait(set(self._calls), timeout=2 * ANSWER_TIMEOUT_SECONDS)
