@@ -18,7 +18,7 @@ import ssl
 import sysconfig
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
-from importlib.metadata import version
+from importlib.metadata import requires, version
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.x509.oid import NameOID
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 from sqlalchemy import inspect, text
 
 import credgate.proxy.relay
@@ -781,6 +783,57 @@ async def test_se12_the_outbound_client_ignores_proxy_netrc_and_key_log_variable
 
 def test_se13_h11_is_at_least_0_16_which_fixed_chunked_request_smuggling() -> None:
     assert tuple(int(part) for part in version("h11").split(".")[:2]) >= (0, 16)
+
+
+LOCKS = Path(__file__).parents[2] / "requirements"
+_LOCKED = re.compile(r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)(?P<pin>\S*)(?P<rest>[^\n]*(?:\n[ \t]+[^\n]*)*)", re.M)
+
+
+def locked(lock: str) -> dict[str, tuple[str, list[str]]]:
+    """A lock file's requirements: name → (what follows the name up to a marker, its hashes)."""
+    entries: dict[str, tuple[str, list[str]]] = {}
+    for entry in _LOCKED.finditer((LOCKS / lock).read_text()):
+        hashes = re.findall(r"--hash=sha256:([0-9a-f]{64})", entry["rest"])
+        entries[canonicalize_name(entry["name"])] = (entry["pin"], hashes)
+    return entries
+
+
+@pytest.mark.parametrize("lock", ["serve.lock", "test.lock"])
+def test_se13_every_locked_package_is_pinned_to_one_version_with_the_hashes_of_its_files(lock: str) -> None:
+    """What scripts/_venv.sh installs with --require-hashes: pip refuses any file whose hash is not listed, and
+    any package (a new dependency of a dependency, say) that the lock does not pin."""
+    entries = locked(lock)
+    assert len(entries) > 40
+    unpinned = {name: pin for name, (pin, _) in entries.items() if not re.fullmatch(r"==[0-9][0-9A-Za-z.+!-]*", pin)}
+    unhashed = [name for name, (_, hashes) in entries.items() if not hashes]
+    assert (unpinned, unhashed) == ({}, [])
+
+
+def test_se13_the_gateway_is_served_with_the_versions_it_is_tested_with() -> None:
+    tested = locked("test.lock")
+    served = locked("serve.lock")
+    assert {name: pin for name, (pin, _) in served.items()} == {name: tested[name][0] for name in served}
+    assert served.keys() < tested.keys()  # the test tools come on top
+
+
+@pytest.mark.parametrize(("lock", "extras"), [("serve.lock", ("postgres", "redis", "otel")), ("test.lock", ("dev",))])
+def test_se13_each_lock_holds_what_pyproject_asks_for_at_a_version_it_allows(
+    lock: str, extras: tuple[str, ...]
+) -> None:
+    """pyproject.toml's ranges and the lock in step: a dependency added to one and not the other fails here (and
+    at installation, where `pip check` refuses it) until scripts/lock has run."""
+    entries = locked(lock)
+    missing = []
+    for line in requires("credgate") or []:
+        requirement = Requirement(line)
+        if requirement.marker is not None and not any(
+            requirement.marker.evaluate({"extra": extra}) for extra in ("", *extras)
+        ):
+            continue  # another extra's, or another platform's
+        pin = entries.get(canonicalize_name(requirement.name), ("", []))[0]
+        if not pin.startswith("==") or pin[2:] not in requirement.specifier:
+            missing.append(f"{requirement} (locked: {pin or 'nothing'})")
+    assert missing == []
 
 
 # .pth files run at every interpreter start: the way the LiteLLM 1.82.7/1.82.8 releases ran their payload.
