@@ -190,6 +190,7 @@ def test_capture_keeps_the_head_then_the_end_of_the_last_chunks_of_a_counted_bod
         record.capture(chunk)
     assert record.response_bytes == 200_000
     assert record.head == chunks[:7]  # whole chunks until 64 KiB are kept
+    assert record.tail is not None
     assert list(record.tail) == [chunk[-usage.TAIL_CHUNK_BYTES :] for chunk in chunks[7:]][-16:]
 
 
