@@ -59,3 +59,14 @@ async def test_while_the_call_fails_a_question_told_is_dropped_and_one_asked_ans
     assert await batch.ask(3) is None  # and none for this one within the retry period
     await batch.aclose()
     assert call.calls == [[1]]
+
+
+async def test_a_batch_that_does_not_end_outages_leaves_one_failing_when_its_call_succeeds() -> None:
+    """Give-backs: their call may succeed while the takes that share the outage fail (a take timed out)."""
+    down = Outage(logger, down="down (%s)", back="back", retry_seconds=0)  # every question may try again
+    down.failed(ConnectionError("down"))
+    call = Answerer()
+    assert await TurnBatch(call, down, ends_outage=False).ask(1) == 2
+    assert down.failing
+    assert await TurnBatch(call, down).ask(3) == 6
+    assert not down.failing  # one that ends outages does

@@ -129,7 +129,7 @@ class SharedPlaces:
         # (set, member, cap) → whether it took a place; one whose request left meanwhile goes back.
         self._takes: TurnBatch[tuple[str, str, int], bool] = TurnBatch(self._call, self._outage, abandoned=self._left)
         # (set, member): the places given back in a turn, in one call; while Redis fails, their leases free them.
-        self._returns: TurnBatch[tuple[str, str], object] = TurnBatch(self._remove, self._outage)
+        self._returns: TurnBatch[tuple[str, str], None] = TurnBatch(self._remove, self._outage, ends_outage=False)
         self._renewing: asyncio.Task[None] | None = None
         self._closing = asyncio.Event()
 
@@ -170,9 +170,9 @@ class SharedPlaces:
             raise
         return [bool(int(one)) for one in taken]
 
-    async def _remove(self, places: list[tuple[str, str]]) -> list[object]:
+    async def _remove(self, places: list[tuple[str, str]]) -> list[None]:
         await self._release(keys=[key for key, _ in places], args=[member for _, member in places])
-        return []
+        return [None] * len(places)
 
     def _keep_renewing(self) -> None:
         if self._renewing is None or self._renewing.done():

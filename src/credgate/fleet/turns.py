@@ -27,11 +27,15 @@ class TurnBatch(Generic[Question, Answer]):
         *,
         failed: Callable[[BaseException], None] | None = None,
         abandoned: Callable[[Question, Answer], None] | None = None,
+        ends_outage: bool = True,
     ) -> None:
         """`call` answers a turn's questions, in order. `failed` is told of a failed call (the outage by
-        default). `abandoned` is given an answer whose request left before it came (a place taken, say)."""
+        default). `abandoned` is given an answer whose request left before it came (a place taken, say).
+        `ends_outage`: whether a call that succeeds tells the outage it is over (not for calls that may still
+        succeed while the ones that matter fail: a give-back after a take that timed out, say)."""
         self._call = call
         self._outage = outage
+        self._ends_outage = ends_outage
         self._failed = failed or outage.failed
         self._abandoned = abandoned
         self._waiting: list[tuple[Question, asyncio.Future[Answer | None] | None]] = []  # None: told
@@ -78,7 +82,8 @@ class TurnBatch(Generic[Question, Answer]):
         except Exception as error:  # whatever the client raises: no request may fail for it
             self._failed(error)
         else:
-            self._outage.answered()
+            if self._ends_outage:
+                self._outage.answered()
         finally:  # cancelled or not, every request waiting gets its answer
             for (question, future), answer in zip(batch, answers, strict=False):
                 if future is None:
