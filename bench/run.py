@@ -344,7 +344,7 @@ def render(
         + ", ".join(f"{name} {value:.2f} ms" for name, value in first_bytes.items()),
         "- peak RSS per worker (MB): "
         + "; ".join(f"{name}: {', '.join(f'{value:.0f}' for value in values)}" for name, values in peaks.items())
-        + " (the last also minted client tokens at 64 connections through the admin API)",
+        + f" ({CLIENT_TOKEN}: that gateway also minted client tokens at 64 connections, through the admin API)",
     ]
     log_cost = 1 - rps(one) / rps(QUIET)
     observing_cost = 1 - rps(one) / rps(UNOBSERVED)

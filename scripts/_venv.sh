@@ -24,8 +24,8 @@ if [ "${installed_hash:-}" != "$hash" ] || { [ -n "$extras" ] && [ "${installed_
   echo "installing $what into .venv from $lock: about a minute the first time, seconds after …" >&2
   started=$SECONDS
   .venv/bin/python -m pip install --quiet --require-hashes -r "$lock" >&2
-  # credgate itself, built by the locked setuptools; `pip check` fails if pyproject.toml asks for what the lock
-  # does not hold (run scripts/lock).
+  # credgate itself, built by the locked setuptools; `pip check` fails if pyproject.toml's own dependencies ask
+  # for what the lock does not hold (run scripts/lock); an extra's are the test suite's to check.
   .venv/bin/python -m pip install --quiet --no-deps --no-build-isolation -e . >&2
   if ! problems="$(.venv/bin/python -m pip check)"; then
     echo "$problems (run scripts/lock to lock what pyproject.toml asks for)" >&2
