@@ -193,7 +193,7 @@ def extract_tokens(
 
 def _record_of(request: ProxiedRequest) -> dict[str, Any]:
     head = b"".join(request.head)
-    tail = b"".join(request.tail) if request.tail and request.response_bytes > len(head) else b""
+    tail = b"".join(request.tail) if request.tail else b""  # there is one only past a full head
     prompt, completion, model = extract_usage(
         request.content_type, head, tail, content_encoding=request.content_encoding.lower()
     )
