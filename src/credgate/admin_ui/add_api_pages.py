@@ -241,7 +241,9 @@ async def review(request: Request) -> Response:
         "key_ok": key_ok,
         "key_note": key_note,
         "hint": key_hint(pending.api_key.reveal(), auth_method=template.auth.method) if pending.api_key else None,
-        "can_verify": pending.api_key is not None and current.panel.verify_key is not None,
+        "can_verify": pending.api_key is not None
+        and current.panel.verify_key is not None
+        and template.verify is not None,
     }
     return await render(request, "add_review.html", context, current=current)
 

@@ -14,7 +14,7 @@ from starlette.routing import Route
 
 from credgate.admin_ui import add_api_pages, auth_form
 from credgate.admin_ui.base import Visit, field, form_of, redirect, render, visit
-from credgate.admin_ui.key_pages import verification_after_save, wants_verification
+from credgate.admin_ui.key_pages import can_verify, verification_after_save, wants_verification
 from credgate.admin_ui.messages import line_error, row_errors, sentence, service_errors
 from credgate.errors import Conflict, InvalidInput
 from credgate.limits import parse_float
@@ -51,18 +51,16 @@ def _auth_context(values: dict[str, str], hint: str | None = None) -> dict[str, 
 # Custom Configure
 
 
-def _custom_context(
-    current: Visit, project: Project, values: dict[str, str], errors: dict[str, str], *, verify: bool = False
-) -> dict[str, Any]:
-    """What custom.html needs: the form as typed, its problems, and the "check the key" box as it was."""
-    context = {"project": project, "errors": errors, "values": values, "verify": verify}
-    return context | {"can_verify": current.panel.verify_key is not None} | _auth_context(values)
+def _custom_context(project: Project, values: dict[str, str], errors: dict[str, str]) -> dict[str, Any]:
+    """What custom.html needs: the form as typed and its problems. No "check the key" box: a custom integration
+    has no template, so no call is known that would tell whether the provider takes the key."""
+    return {"project": project, "errors": errors, "values": values} | _auth_context(values)
 
 
 async def custom(request: Request) -> Response:
     current = await visit(request, changing=True, sensitive=True)
     project = await projects.get_project(current.ctx, project_id=request.path_params["project_id"])
-    context = _custom_context(current, project, {"auth_method": "bearer"}, {})
+    context = _custom_context(project, {"auth_method": "bearer"}, {})
     return await render(request, "custom.html", context, current=current)
 
 
@@ -72,7 +70,6 @@ async def custom_submit(request: Request) -> Response:
     project = await projects.get_project(current.ctx, project_id=request.path_params["project_id"])
     values = {name: field(form, name) for name in ("provider", "base_url")} | auth_form.values_from(form)
     values["private_networks"] = str(form.get("private_networks") or "")
-    verify = wants_verification(current, form)
     errors: dict[str, str] = {}
     try:
         check_provider_name(values["provider"])
@@ -87,10 +84,9 @@ async def custom_submit(request: Request) -> Response:
     api_key = str(form.get("api_key") or "")
     if not api_key.strip():
         errors["api_key"] = "Enter the API key."
-    created: Integration | None = None
     if not errors and auth is not None:
         try:
-            created = await integrations.add_custom_integration(
+            await integrations.add_custom_integration(
                 current.ctx,
                 project_id=project.id,
                 provider=values["provider"],
@@ -109,12 +105,9 @@ async def custom_submit(request: Request) -> Response:
             errors["api_key"] += f" {ENTER_KEY_AGAIN}" if api_key.strip() else ""
         elif api_key.strip():
             errors["api_key"] = f"Nothing was saved. {ENTER_KEY_AGAIN}"
-        context = _custom_context(current, project, values, errors, verify=verify)
+        context = _custom_context(project, values, errors)
         return await render(request, "custom.html", context, current=current, status=422)
-    message = f"{values['provider']} created. Now allow its endpoints."
-    if verify and created is not None:
-        message += " " + await _check_saved_key(current, created)
-    await current.flash(message)
+    await current.flash(f"{values['provider']} created. Now allow its endpoints.")
     return redirect(f"/admin/projects/{project.id}/integrations/{values['provider']}/endpoints")
 
 
@@ -134,7 +127,7 @@ async def _integration_page(
     if page == "integration.html":
         context["values"] = _settings_of(integration)
     if page == "key.html":
-        context |= {"can_verify": current.panel.verify_key is not None, "verify": False}
+        context |= {"can_verify": can_verify(current, integration), "verify": False}
     context |= extra or {}
     if page == "integration.html":
         context |= _auth_context(context["values"], integration.key.hint if integration.key else None)

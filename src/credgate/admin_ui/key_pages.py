@@ -15,6 +15,7 @@ from credgate.errors import Conflict, InvalidInput, ServiceError, Unavailable
 from credgate.services import integrations, key_pools, projects, verification
 from credgate.services.integrations import IntegrationChanges
 from credgate.services.key_pools import key_state
+from credgate.storage.models import Integration
 
 STRATEGIES = {"failover": "Failover: in order, the next key when one is out", "spread": "Spread: the keys take turns"}
 # How long a promoted key's predecessor stays as the fallback ("" keeps it until removed by hand).
@@ -47,10 +48,16 @@ async def _pool_page(
         "strategies": STRATEGIES,
         "errors": {},
         "label": "",
-        "can_verify": current.panel.verify_key is not None,
+        "can_verify": can_verify(current, integration),
         "verify": False,
     }
     return await render(request, "keys.html", context | (extra or {}), current=current, status=status)
+
+
+def can_verify(current: Visit, integration: Integration) -> bool:
+    """Whether the "check the key" box and the Verify buttons are offered: the running gateway makes the call, and
+    a template of the integration names it (a custom integration has none, so nothing could be confirmed)."""
+    return current.panel.verify_key is not None and verification.verification_call(current.ctx, integration) is not None
 
 
 def wants_verification(current: Visit, form: FormData) -> bool:

@@ -12,6 +12,7 @@ from credgate.services.integrations import get_integration
 from credgate.services.key_pools import find_key
 from credgate.services.provider_keys import open_pool_key
 from credgate.specs import Endpoint
+from credgate.storage.models import Integration
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +36,17 @@ def verdict(status: int) -> Verification:
     return Verification(accepted=None, status=status, message=f"the provider answered {status}: nothing to tell")
 
 
+def verification_call(ctx: Context, integration: Integration) -> Endpoint | None:
+    """The cheap call that tells whether the provider takes a key: the first `verify` of the integration's
+    templates, at its base URL. None for a custom integration (it has no template), or templates without one."""
+    for template_id in integration.templates:
+        template = ctx.templates.get(template_id)
+        if template is not None and template.verify is not None:
+            path = rebase_path(template.verify.path, from_base=template.base_url, to_base=integration.base_url)
+            return Endpoint(method=template.verify.method, path=path)
+    return None
+
+
 async def verify_provider_key(
     ctx: Context, verifier: KeyVerifier, *, project_id: str, provider: str, key_id: str | None = None
 ) -> Verification:
@@ -42,18 +54,7 @@ async def verify_provider_key(
     `key_id` whatever its state), with a verification call of its templates."""
     integration = await get_integration(ctx, project_id=project_id, provider=provider)
     chosen = None if key_id is None else find_key(integration, key_id)
-    templates = [ctx.templates[id] for id in integration.templates if id in ctx.templates]
-    call = next(
-        (
-            Endpoint(
-                method=template.verify.method,
-                path=rebase_path(template.verify.path, from_base=template.base_url, to_base=integration.base_url),
-            )
-            for template in templates
-            if template.verify is not None
-        ),
-        None,
-    )
+    call = verification_call(ctx, integration)
     if call is None:
         return Verification(accepted=None, status=None, message="no verification call is known for this integration")
     resolved = resolved_integration(ctx, integration)
