@@ -70,3 +70,17 @@ async def test_a_batch_that_does_not_end_outages_leaves_one_failing_when_its_cal
     assert down.failing
     assert await TurnBatch(call, down).ask(3) == 6
     assert not down.failing  # one that ends outages does
+
+
+async def test_once_closed_a_batch_calls_no_more_what_is_asked_answers_none_and_what_is_told_is_dropped() -> None:
+    """A place given back as the process stops, after the fleet's batches closed: no call to a client being closed,
+    in a task nobody awaits (its lease frees the place in Redis)."""
+    call = Answerer()
+    batch: TurnBatch[int, int] = TurnBatch(call, outage())
+    batch.tell(1)
+    await batch.aclose()
+    batch.tell(2)
+    assert await batch.ask(3) is None
+    await asyncio.sleep(0.01)  # a turn or two: a call scheduled by either would have been made
+    assert call.calls == [[1]]
+    assert not batch._calls

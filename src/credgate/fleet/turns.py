@@ -5,7 +5,8 @@ together, the questions of a turn cost one round trip: under load one call serve
 never waits for another turn. A call that fails, or takes over ANSWER_TIMEOUT_SECONDS, answers None to each of
 its questions (the caller then counts in this process); while the outage lasts, questions are answered None at
 once, but for one call a second that tries Redis again. A question whose answer nobody waits for (a place given
-back) is told, not asked: it joins the turn's call, and is dropped while the outage lasts.
+back) is told, not asked: it joins the turn's call, and is dropped while the outage lasts. Once closed (the
+process stopping), a batch calls Redis no more: what is asked then is answered None, what is told dropped.
 """
 
 import asyncio
@@ -40,10 +41,11 @@ class TurnBatch(Generic[Question, Answer]):
         self._abandoned = abandoned
         self._waiting: list[tuple[Question, asyncio.Future[Answer | None] | None]] = []  # None: told
         self._calls: set[asyncio.Task[None]] = set()
+        self._closed = False
 
     async def ask(self, question: Question) -> Answer | None:
         """The answer from this turn's call; None when Redis does not answer (or is known not to)."""
-        if not self._waiting and not self._outage.may_try():
+        if self._closed or (not self._waiting and not self._outage.may_try()):
             return None
         answer: asyncio.Future[Answer | None] = asyncio.get_running_loop().create_future()
         self._join(question, answer)
@@ -56,7 +58,7 @@ class TurnBatch(Generic[Question, Answer]):
 
     def tell(self, question: Question) -> None:
         """Put the question to this turn's call, its answer unread; dropped while the call would fail."""
-        if not self._outage.failing:
+        if not self._outage.failing and not self._closed:
             self._join(question, None)
 
     def _join(self, question: Question, answer: asyncio.Future[Answer | None] | None) -> None:
@@ -100,7 +102,9 @@ class TurnBatch(Generic[Question, Answer]):
     async def aclose(self) -> None:
         """Let the calls under way end (shutting down), each within its answer timeout; never cancelled from here:
         a redis-py call cancelled mid-flight from outside was seen to leave its task waiting for ever. What this
-        turn asked or told is sent first."""
+        turn asked or told is sent first; after, nothing is (a call then would go to a client being closed, its
+        task awaited by no one)."""
+        self._closed = True
         self._send()
         if self._calls:
             await asyncio.wait(set(self._calls), timeout=2 * ANSWER_TIMEOUT_SECONDS)
