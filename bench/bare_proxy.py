@@ -1,12 +1,15 @@
 """The bare reference proxy: the floor a Python gateway cannot go under, measured beside credgate in every run.
 
-    python bench/bare_proxy.py PORT UPSTREAM_URL TOKEN KEY
+    python bench/bare_proxy.py PORT UPSTREAM_URL TOKEN KEY [WORKERS]
 
 uvicorn with uvloop and httptools, a raw ASGI app, one aiohttp session: the project token is looked up in a dict,
 `Authorization` is swapped for the provider key, the request body is streamed up and the response streamed back.
-No limits, no log, no usage record, no request id: everything credgate adds is measured against this.
+No limits, no log, no usage record, no request id: everything credgate adds is measured against this. With
+WORKERS, that many processes share the listener through uvicorn's supervisor, as `credgate serve --workers` does:
+what a second core gives a proxy that does nothing else.
 """
 
+import os
 import sys
 from collections.abc import AsyncIterator
 
@@ -84,10 +87,20 @@ class BareProxy:
                 return
 
 
+def app() -> BareProxy:
+    """The proxy of a worker process (spawned: it reads its arguments from the environment)."""
+    return BareProxy(*os.environ["BARE_PROXY_ARGUMENTS"].split(" "))
+
+
 if __name__ == "__main__":
     port, upstream, token, key = sys.argv[1:5]
+    workers = int(sys.argv[5]) if len(sys.argv) > 5 else 1
+    os.environ["BARE_PROXY_ARGUMENTS"] = " ".join((upstream, token, key))
     uvicorn.run(
-        BareProxy(upstream, token, key),
+        "bare_proxy:app" if workers > 1 else app(),
+        factory=workers > 1,
+        workers=workers,
+        app_dir=os.path.dirname(os.path.abspath(__file__)),
         host="127.0.0.1",
         port=int(port),
         loop="uvloop",

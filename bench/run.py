@@ -3,16 +3,15 @@
     .venv/bin/python bench/run.py [--duration 10] [--soak 600] [--write]
 
 The same POST chat/completions, answered by the same stand-in upstream, through: the upstream direct, the bare
-reference proxy (bench/bare_proxy.py: what any Python proxy must do, and nothing more), credgate with one worker
-and credgate with two; then what features cost: one worker without its access log, and (when a Redis answers on
-127.0.0.1:6379) one worker serving a rate-limited project whose count is kept in Redis, and one serving a project
-with three budgets counted in Redis; and one worker called with a client token, and minting client tokens. The
-bare proxy and the
-one-worker gateways are pinned to core 0, the upstream stand-in and wrk to core 1; two-worker credgate has both
-cores, which it shares with them. Each runs at 64 connections and at 1. Prints ratios (credgate to bare, two
-workers to one), the latency added at one connection, the SSE time to first byte added, and the peak RSS of every
-worker. --soak runs load for that many seconds and samples the RSS; --write
-stores the table in bench/RESULTS.md.
+reference proxy (bench/bare_proxy.py: what any Python proxy must do, and nothing more), in one process and in two,
+credgate with one worker and credgate with two; then what features cost: one worker without its access log, and
+(when a Redis answers on 127.0.0.1:6379) one worker serving a rate-limited project whose count is kept in Redis, and
+one serving a project with three budgets counted in Redis; and one worker called with a client token, and minting
+client tokens. The one-process bare proxy and the one-worker gateways are pinned to core 0, the upstream stand-in
+and wrk to core 1; the two-process ones have both cores, which they share with them. Each runs at 64 connections
+and at 1. Prints ratios (credgate to bare, two workers to one), the latency added at one connection, the SSE time
+to first byte added, and the peak RSS of every worker. --soak runs load for that many seconds and samples the RSS;
+--write stores the table in bench/RESULTS.md.
 """
 
 import argparse
@@ -56,6 +55,7 @@ BUDGETED = "credgate 1 worker, 3 budgets in Redis"
 CAPPED = "credgate 1 worker, cap on requests under way in Redis"
 CLIENT_TOKEN = "credgate 1 worker, client token"  # noqa: S105 - a row name
 MINTING = "credgate 1 worker, minting client tokens"
+BARE_TWO = "bare proxy, 2 processes"
 REDIS_URL = "redis://127.0.0.1:6379/0"
 LUA = """wrk.method = "POST"
 wrk.body = '{"model":"gpt-4o-mini","messages":[{"role":"user","content":"Say hello."}]}'
@@ -159,15 +159,18 @@ def main() -> None:
     serve = [str(BIN / "credgate"), "serve", "--port"]
     chat, sse = "/proxy/openai/chat/completions", "/proxy/openai/sse"
     bare_port, one_port, two_port, quiet_port = free_port(), free_port(), free_port(), free_port()
-    unobserved_port, traced_port, token_port = free_port(), free_port(), free_port()
+    unobserved_port, traced_port, token_port, bare_two_port = free_port(), free_port(), free_port(), free_port()
     quiet = {**env, "CREDGATE_LOG_LEVEL": "warning"}  # the same gateway without its access log
     unobserved = [sys.executable, str(HERE / "unobserved_serve.py"), "serve", "--port", str(unobserved_port)]
     # Every request traced and exported over OTLP/HTTP, to the stand-in upstream's /v1/traces.
     traced = {**env, "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{upstream_port}"}
-    bare = [sys.executable, str(HERE / "bare_proxy.py"), str(bare_port), f"http://127.0.0.1:{upstream_port}/v1"]
+    bare = [sys.executable, str(HERE / "bare_proxy.py")]
+    upstream_v1 = f"http://127.0.0.1:{upstream_port}/v1"
     systems = [
         System("direct", None, upstream_port, "/v1/chat/completions", "/v1/sse"),
-        System("bare proxy", pinned(GATEWAY_CORE, [*bare, token, KEY]), bare_port, chat, sse),
+        System(
+            "bare proxy", pinned(GATEWAY_CORE, [*bare, str(bare_port), upstream_v1, token, KEY]), bare_port, chat, sse
+        ),
         System("credgate 1 worker", pinned(GATEWAY_CORE, [*serve, str(one_port)]), one_port, chat, sse, env),
         System("credgate 2 workers", [*serve, str(two_port), "--workers", "2"], two_port, chat, sse, env),
         System(QUIET, pinned(GATEWAY_CORE, [*serve, str(quiet_port)]), quiet_port, chat, sse, quiet),
@@ -185,6 +188,8 @@ def main() -> None:
             work / "client.lua",
         ),
         System(MINTING, None, token_port, "/api/v1/client-tokens", sse, env, work / "mint.lua"),
+        # What a second core gives a proxy that does nothing else, on this machine: the reference for two workers.
+        System(BARE_TWO, [*bare, str(bare_two_port), upstream_v1, token, KEY, "2"], bare_two_port, chat, sse),
     ]
     (work / "mint.lua").write_text(MINT_LUA % token)
     redis = redis_pid()
@@ -226,7 +231,10 @@ def main() -> None:
             if system.command is not None:
                 log = (work / f"{system.port}.log").open("w")
                 system.process = subprocess.Popen(system.command, env=system.env, stdout=log, stderr=log)
-                wait_for_port(system.port)
+                try:
+                    wait_for_port(system.port)
+                except RuntimeError:
+                    sys.exit(f"{system.name} did not start:\n{(work / f'{system.port}.log').read_text()[-3000:]}")
         (work / "client.lua").write_text(LUA % mint_client_token(token_port, token))
         for system in systems:
             wrk(system.url, system.script or script, 64, 2)  # warm up: connections, caches
@@ -340,6 +348,8 @@ def render(
         "",
         f"- bare proxy: {rps(bare) / rps('direct'):.0%} of direct at 64 connections; added latency at 1 connection "
         f"{p50(bare) - p50('direct'):.2f} ms; SSE first byte added {first_bytes[bare] - first_bytes['direct']:.2f} ms",
+        f"- {BARE_TWO} / bare proxy at 64 connections: {rps(BARE_TWO) / rps(bare):.2f}× (what a second core gives "
+        f"a proxy that does nothing else, beside wrk and the upstream; credgate: {rps(two) / rps(one):.2f}×)",
         "- SSE time to first byte, median of 200 (new connection each): "
         + ", ".join(f"{name} {value:.2f} ms" for name, value in first_bytes.items()),
         "- peak RSS per worker (MB): "
