@@ -23,7 +23,12 @@ if [ "${installed_hash:-}" != "$hash" ] || { [ -n "$extras" ] && [ "${installed_
   [ -n "$extras" ] && what="credgate, its dependencies and the test tools ($extras: every provider's SDK, Playwright …)"
   echo "installing $what into .venv from $lock: about a minute the first time, seconds after …" >&2
   started=$SECONDS
-  .venv/bin/python -m pip install --quiet --require-hashes -r "$lock" >&2
+  # Wheels only: a package built from source here would fetch its build dependencies unhashed, from no lock.
+  if ! .venv/bin/python -m pip install --quiet --require-hashes --only-binary :all: -r "$lock" >&2; then
+    echo "could not install $lock (a package with no wheel for this platform is not built from source: see" \
+      "docs/deploy.md, systemd)" >&2
+    exit 1
+  fi
   # credgate itself, built by the locked setuptools; `pip check` fails if pyproject.toml's own dependencies ask
   # for what the lock does not hold (run scripts/lock); an extra's are the test suite's to check.
   .venv/bin/python -m pip install --quiet --no-deps --no-build-isolation -e . >&2
