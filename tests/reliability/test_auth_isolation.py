@@ -551,6 +551,32 @@ async def test_au10_a_projects_path_never_reaches_another_projects_integration(
     assert await state_of(client, owner.id, other.id) == before
 
 
+async def test_au10_an_admin_of_one_project_neither_reads_nor_changes_another(
+    client: httpx.AsyncClient, ctx: Context, upstream: Upstream
+) -> None:
+    """The catalogue's admin scoped to project A calling project B: 403 for every admin API route that names B,
+    nothing of either changed, while the same token reads and changes A (tests/admin_api/test_roles.py walks every
+    route for every role)."""
+    mine, other = await add_project(ctx, upstream), await add_project(ctx, upstream)
+    token = await admins.create_admin_token(
+        ctx, name="admin-of-a", actor="tests", role="project_admin", project_ids=[mine.id]
+    )
+    calls = [(method, path) for method, path in admin_api_calls(other.id, "openai") if other.id in path]
+    assert len(calls) >= 30
+    before = await state_of(client, mine.id, other.id)
+    async with httpx.AsyncClient(transport=client._transport, base_url=client.base_url, headers=bearer(token)) as a:
+        for method, path in calls:
+            body = {"name": "x", "api_key": canary(), "enabled": False, "endpoints": []}
+            response = await a.request(method, path, json=body)
+            assert_service_error(response, 403)
+        assert await state_of(client, mine.id, other.id) == before
+        own = f"/api/v1/projects/{mine.id}/integrations/openai"
+        assert (await a.get(own)).json()["provider"] == "openai"
+        assert (await a.patch(own, json={"enabled": False})).status_code == 200
+    assert (await client.get(own)).json()["enabled"] is False
+    assert (await client.get(f"/api/v1/projects/{other.id}/integrations/openai")).json()["enabled"] is True
+
+
 async def test_au10_an_admin_token_is_not_a_project_token(
     gateway_url: str, admin_token: str, project: Project, upstream: Upstream
 ) -> None:
