@@ -159,6 +159,12 @@ def peak_rss_mb(pid: int) -> float:
     return int(match.group(1)) / 1024 if match else float("nan")
 
 
+def cpu_seconds(pid: int) -> float:
+    """The CPU time a process has used so far, user and system (/proc/PID/stat's utime and stime)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def rss_mb(pid: int) -> float:
     match = re.search(r"VmRSS:\s+(\d+) kB", Path(f"/proc/{pid}/status").read_text())
     return int(match.group(1)) / 1024 if match else float("nan")

@@ -10,12 +10,14 @@ one serving a project with three budgets counted in Redis; and one worker called
 client tokens. The one-process bare proxy and the one-worker gateways are pinned to core 0, the upstream stand-in
 and wrk to core 1; the two-process ones have both cores, which they share with them. Each runs at 64 connections
 and at 1. Prints ratios (credgate to bare, two workers to one), the latency added at one connection, the SSE time
-to first byte added, and the peak RSS of every worker. --soak runs load for that many seconds and samples the RSS;
---write stores the table in bench/RESULTS.md.
+to first byte added, the peak RSS of every worker, and the CPU time a request costs each system (its serving
+processes' user and system time over a run, divided by its requests: steadier than requests/s here). --soak runs
+load for that many seconds and samples the RSS; --write stores the table in bench/RESULTS.md.
 """
 
 import argparse
 import json
+import math
 import os
 import re
 import shutil
@@ -37,6 +39,7 @@ from harness import (
     KEY,
     LOAD_CORE,
     add_bench_project,
+    cpu_seconds,
     credgate_revision,
     free_port,
     gateway_env,
@@ -138,6 +141,10 @@ class System:
         # multiprocessing's resource tracker is a child too, but serves nothing
         workers = [int(pid) for pid in children if b"resource_tracker" not in Path(f"/proc/{pid}/cmdline").read_bytes()]
         return workers or [self.process.pid]
+
+    def cpu_seconds(self) -> float:
+        """The CPU time its serving processes have used so far (nan for the upstream direct)."""
+        return sum(cpu_seconds(pid) for pid in self.worker_pids()) if self.process is not None else math.nan
 
 
 def main() -> None:
@@ -242,9 +249,12 @@ def main() -> None:
         for _ in range(options.rounds):
             for connections in (64, 1):
                 for system in systems:
-                    samples.setdefault((system.name, connections), []).append(
-                        wrk(system.url, system.script or script, connections, options.duration)
-                    )
+                    before = system.cpu_seconds()
+                    run = wrk(system.url, system.script or script, connections, options.duration)
+                    # What a request costs the machine, whatever share of it the system got: steadier than
+                    # requests/s on a host whose speed varies from run to run.
+                    run["cpu_us"] = (system.cpu_seconds() - before) / run["requests"] * 1e6
+                    samples.setdefault((system.name, connections), []).append(run)
         rows = {key: median_run(runs) for key, runs in samples.items()}
         first_bytes = {
             system.name: first_byte_ms(("127.0.0.1", system.port), system.sse_path, token, 200)
@@ -312,6 +322,9 @@ def render(
     def p50(name: str) -> float:
         return rows[name, 1]["p50"]
 
+    def cpu(name: str) -> float:
+        return rows[name, 64]["cpu_us"]
+
     command = f"`.venv/bin/python bench/run.py --duration {options.duration} --rounds {options.rounds}"
     command += f" --soak {options.soak}`" if options.soak else "`"
     lines = [
@@ -322,11 +335,13 @@ def render(
         f"id). The bare proxy and one-worker credgate on core {GATEWAY_CORE}, upstream and wrk on core {LOAD_CORE}; "
         f"two-worker credgate on both. Median of {options.rounds} rounds of {options.duration} s.",
         "",
-        "| system | connections | requests/s | p50 ms | p99 ms |",
-        "|---|---:|---:|---:|---:|",
+        "| system | connections | requests/s | p50 ms | p99 ms | CPU µs a request |",
+        "|---|---:|---:|---:|---:|---:|",
     ]
     lines += [
-        f"| {name} | {connections} | {row['rps']:,.0f} | {row['p50']:.2f} | {row['p99']:.2f} |"
+        f"| {name} | {connections} | {row['rps']:,.0f} | {row['p50']:.2f} | {row['p99']:.2f} | "
+        + ("—" if math.isnan(row["cpu_us"]) else f"{row['cpu_us']:.0f}")
+        + " |"
         for (name, connections), row in sorted(rows.items(), key=lambda item: -item[0][1])
     ]
     one, two, bare = "credgate 1 worker", "credgate 2 workers", "bare proxy"
@@ -350,6 +365,10 @@ def render(
         f"{p50(bare) - p50('direct'):.2f} ms; SSE first byte added {first_bytes[bare] - first_bytes['direct']:.2f} ms",
         f"- {BARE_TWO} / bare proxy at 64 connections: {rps(BARE_TWO) / rps(bare):.2f}× (what a second core gives "
         f"a proxy that does nothing else, beside wrk and the upstream; credgate: {rps(two) / rps(one):.2f}×)",
+        f"- CPU a request at 64 connections (user and system time of the serving processes over the run, divided by "
+        f"the requests): credgate 1 worker {cpu(one):.0f} µs, bare proxy {cpu(bare):.0f} µs "
+        f"({cpu(one) / cpu(bare):.2f}×); two workers {cpu(two):.0f} µs ({cpu(two) / cpu(one):.2f}× one worker's), the "
+        f"bare proxy's two processes {cpu(BARE_TWO):.0f} µs ({cpu(BARE_TWO) / cpu(bare):.2f}× its one process's)",
         "- SSE time to first byte, median of 200 (new connection each): "
         + ", ".join(f"{name} {value:.2f} ms" for name, value in first_bytes.items()),
         "- peak RSS per worker (MB): "
