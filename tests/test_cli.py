@@ -110,6 +110,27 @@ def test_update_integration(credgate: Any) -> None:
     assert (updated["enabled"], updated["headers"], updated["timeout_seconds"]) == (False, {"x-team": "blue"}, 30.0)
 
 
+def test_a_custom_integration_names_its_verification_call_from_the_cli(credgate: Any) -> None:
+    project = project_id(credgate)
+    add = ("integrations", "add", project, "acme", "--base-url", "https://api.acme.test", "--api-key-stdin")
+    refused = credgate(*add, "--verify-call", "DELETE v1/me", stdin=KEY)
+    assert refused.exit_code == 2
+    assert "--verify-call: method: Input should be 'GET' or 'POST'" in refused.output
+    added = credgate(*add, "--verify-call", "get /v1/me", stdin=KEY)
+    assert added.exit_code == 0, added.output
+    assert json.loads(added.output)["verify_call"] == {"method": "GET", "path": "v1/me"}
+    changed = credgate("integrations", "update", project, "acme", "--verify-call", "POST auth/check")
+    assert json.loads(changed.output)["verify_call"] == {"method": "POST", "path": "auth/check"}
+    both = credgate("integrations", "update", project, "acme", "--verify-call", "GET me", "--no-verify-call")
+    assert both.exit_code == 2
+    assert "exclude each other" in both.output
+    kept = credgate("integrations", "update", project, "acme", "--timeout-seconds", "30")
+    assert json.loads(kept.output)["verify_call"] == {"method": "POST", "path": "auth/check"}
+    removed = credgate("integrations", "update", project, "acme", "--no-verify-call")
+    assert removed.exit_code == 0, removed.output
+    assert json.loads(removed.output)["verify_call"] is None
+
+
 def test_rotate_token_with_grace(credgate: Any) -> None:
     project = project_id(credgate)
     result = credgate("projects", "rotate-token", project, "--grace-seconds", "60", "--expires-in-seconds", "3600")

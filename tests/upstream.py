@@ -201,6 +201,11 @@ def build_app(state: Upstream) -> web.Application:
             state.open_streams -= 1
         return response
 
+    async def models(request: web.Request) -> web.Response:
+        await record(request)  # OpenAI's list of models: what a verification call asks
+        listed = {"id": "gpt-4o-mini", "object": "model", "created": 1721172741, "owned_by": "system"}
+        return web.json_response({"object": "list", "data": [listed]})
+
     async def broken(request: web.Request) -> web.StreamResponse:
         await record(request)
         response = web.StreamResponse(headers={"Content-Type": "application/json", "Content-Length": "1000"})
@@ -215,6 +220,7 @@ def build_app(state: Upstream) -> web.Application:
     app.router.add_post("/v1/chat/completions", chat)
     app.router.add_post("/v1/messages", messages)
     app.router.add_post("/v1/images/generations", images)
+    app.router.add_get("/v1/models", models)
     app.router.add_route("*", "/quota/{tail:.*}", quota)
     app.router.add_route("*", "/echo/{tail:.*}", echo)
     app.router.add_get("/gzip", gzipped)

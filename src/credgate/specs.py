@@ -11,6 +11,7 @@ from urllib.parse import urlsplit
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from credgate.limits import MAX_ALLOWED_ORIGINS, MAX_PROVIDER_NAME_LENGTH, MAX_URL_LENGTH
+from credgate.paths import MalformedPath, parse_path
 
 PROVIDER_NAME = re.compile(rf"[a-z0-9][a-z0-9_-]{{0,{MAX_PROVIDER_NAME_LENGTH - 1}}}")
 METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
@@ -155,6 +156,34 @@ class Endpoint(_Spec):
 
     method: Literal["GET", "POST", "PUT", "PATCH", "DELETE", "*"]
     path: Annotated[str, Field(max_length=1024), AfterValidator(_check_endpoint_path)]
+
+
+def _check_call_path(path: str) -> str:
+    path = _check_endpoint_path(path)
+    if "*" in path.split("/"):
+        raise ValueError("may hold no wildcard: it names one path")
+    try:
+        parse_path(path)  # as the proxy reads a client's: no encoded dot segment or separator
+    except MalformedPath as error:
+        raise ValueError(f"is not a path the proxy would send ({error})") from None
+    return path
+
+
+class VerifyCall(Endpoint):
+    """An admin's call that tells whether the provider takes a key: one path under the base URL, asked with GET
+    (or POST, for an API whose cheapest check is one), with no body. It costs the provider a request, nothing more."""
+
+    method: Literal["GET", "POST"]  # narrower than an endpoint's
+    path: Annotated[str, Field(max_length=1024), AfterValidator(_check_call_path)]
+
+    @classmethod
+    def parse(cls, text: str) -> "VerifyCall":
+        """From "METHOD path" (`GET models`), as the CLI and the panel take it; ValidationError when it is not one."""
+        method, _, path = text.strip().partition(" ")
+        return cls.model_validate({"method": method.upper(), "path": path.strip()})
+
+    def __str__(self) -> str:
+        return f"{self.method} {self.path}"
 
 
 class BearerAuth(_Spec):

@@ -18,7 +18,7 @@ OPENAI = "https://api.openai.com/v1"
 INTEGRATION_KEYS = {
     "provider", "base_url", "auth", "templates", "endpoints", "headers", "query",
     "enabled", "timeout_seconds", "stream_idle_timeout_seconds", "total_timeout_seconds", "private_networks", "key",
-    "keys", "key_strategy", "prices",
+    "keys", "key_strategy", "prices", "verify_call",
     "created_at", "updated_at",
 }  # fmt: skip
 

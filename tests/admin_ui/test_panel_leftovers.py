@@ -38,10 +38,12 @@ class Provider:
 
     status: int = 401
     keys: list[str] = field(default_factory=list)
+    calls: list[str] = field(default_factory=list)  # "METHOD path" of each
 
     async def __call__(self, *, project_id: str, integration: ResolvedIntegration, call: Endpoint) -> Verification:
         assert integration.credential is not None
         self.keys.append(integration.credential.reveal())
+        self.calls.append(f"{call.method} {call.path}")
         return verdict(self.status)
 
 

@@ -1,6 +1,6 @@
 """What the admin API could do and the panel could not: the audit log's export (the owner's, like the API's, and
-the same bytes), and the check with the provider offered on the Edit/Rotate key form (and not on Custom Configure's,
-where nothing could be confirmed)."""
+the same bytes), and the check with the provider offered on the Edit/Rotate key form, and on a custom integration's
+forms once its admin names the call that checks a key."""
 
 import re
 
@@ -99,24 +99,26 @@ async def test_the_edit_and_rotate_form_checks_the_saved_key_only_when_asked(pan
             assert key not in shown
 
 
-async def test_a_custom_integration_is_offered_no_check_that_could_confirm_nothing(
+async def test_a_custom_integration_without_a_verification_call_is_offered_no_check_that_could_confirm_nothing(
     panel: Panel, project_id: str
 ) -> None:
-    """A hand-made integration has no template, so no call is known that tells whether the provider takes its key:
-    its forms offer neither the box nor the Verify button (the template's integration beside it keeps both)."""
+    """A hand-made integration has no template: until its admin names a verification call, no call could tell
+    whether the provider takes its key, so its pages offer neither the box nor the Verify button (the template's
+    integration beside it keeps both), and Custom Configure asks for the call when its box is ticked."""
     provider = Provider(status=200)
     client = panel(provider)
     url = f"/admin/projects/{project_id}/custom"
     form = (await client.get(url)).text
-    assert 'name="api_key"' in form
-    assert CHECKBOX not in form
+    assert 'name="verify_call"' in form
+    assert re.search(UNTICKED, form), "offered, unticked: the form can name its call"
     data = {"csrf": csrf_of(form), "base_url": "https://api.example.com/v1", "auth_method": "bearer"}
     data |= {"api_key": NEW_KEY, "provider": "handmade"}
-    created = await client.post(url, data=data | {"verify": "1"}, follow_redirects=True)  # a box from elsewhere
+    asked = await client.post(url, data=data | {"verify": "1"})
+    assert asked.status_code == 422
+    assert "Name the call that checks the key, or leave the box unticked." in asked.text
+    assert re.search(TICKED, asked.text), "the box comes back as it was"
+    created = await client.post(url, data=data, follow_redirects=True)
     assert "handmade created. Now allow its endpoints.</p>" in created.text, "saved; nothing said of a check"
-    refused = await client.post(url, data=data | {"provider": "Not A Name", "verify": "1"})
-    assert refused.status_code == 422
-    assert CHECKBOX not in refused.text
     pages = {}
     for provider_name in ("handmade", "openai"):
         base = f"/admin/projects/{project_id}/integrations/{provider_name}"
@@ -131,6 +133,54 @@ async def test_a_custom_integration_is_offered_no_check_that_could_confirm_nothi
     assert 'value="verify"' in pool
     assert "<em>Verify</em> it" in pool
     assert provider.keys == []  # nothing was called with a key
-    for shown in (form, created.text, refused.text, *pages["handmade"], *pages["openai"]):
+    for shown in (form, asked.text, created.text, *pages["handmade"], *pages["openai"]):
+        for key in (KEY, NEW_KEY):
+            assert key not in shown
+
+
+async def test_a_custom_integration_checks_its_key_with_the_call_its_admin_names(panel: Panel, project_id: str) -> None:
+    provider = Provider(status=200)
+    client = panel(provider)
+    url = f"/admin/projects/{project_id}/custom"
+    form = (await client.get(url)).text
+    data = {"csrf": csrf_of(form), "base_url": "https://api.example.com/v1", "auth_method": "bearer"}
+    data |= {"api_key": NEW_KEY, "provider": "handmade", "verify": "1"}
+    wrong = await client.post(url, data=data | {"verify_call": "DELETE accounts/me"})
+    assert wrong.status_code == 422
+    assert "The verification call: the method must be &#39;GET&#39; or &#39;POST&#39;." in wrong.text
+    assert 'value="DELETE accounts/me"' in wrong.text, "what was typed comes back"
+    assert provider.keys == []
+    created = await client.post(url, data=data | {"verify_call": "get /me/"}, follow_redirects=True)
+    assert "handmade created. Verification: the provider accepted the key (status 200). Now allow" in created.text
+    assert (provider.keys, provider.calls) == ([NEW_KEY], ["GET me"])
+    base = f"/admin/projects/{project_id}/integrations/handmade"
+    pool = (await client.get(f"{base}/keys")).text
+    assert 'value="verify"' in pool
+    assert CHECKBOX in (await client.get(f"{base}/key")).text
+
+    settings = (await client.get(base)).text
+    assert 'name="verify_call" value="GET me"' in settings
+    assert "Blank: none, so a key cannot be checked." in settings
+    fields = {"csrf": csrf_of(settings), "enabled": "on", "base_url": "https://api.example.com/v1"}
+    fields |= {"timeout_seconds": "600", "stream_idle_timeout_seconds": "300", "total_timeout_seconds": "3600"}
+    refused = await client.post(base, data=fields | {"verify_call": "GET v1/*"})
+    assert refused.status_code == 422
+    assert "The verification call: the path may hold no wildcard: it names one path." in refused.text
+    await client.post(base, data=fields | {"verify_call": "POST auth/check"})
+    await client.post(base, data=fields)  # a page from before the field: the call stays
+    assert 'name="verify_call" value="POST auth/check"' in (await client.get(base)).text
+    key_page = re.search(rf'action="({base}/keys/[^"/]+)"', pool)
+    assert key_page is not None
+    await client.post(key_page.group(1), data={"csrf": csrf_of(pool), "action": "verify"})
+    assert provider.calls[-1] == "POST auth/check"
+    cleared = await client.post(base, data=fields | {"verify_call": " "}, follow_redirects=True)
+    assert "Settings of handmade saved." in cleared.text
+    assert 'value="verify"' not in (await client.get(f"{base}/keys")).text, "blank: no call, no Verify"
+
+    openai = (await client.get(f"/admin/projects/{project_id}/integrations/openai")).text
+    help_text = re.search(r'<p class="muted" id="verify_call_help">(.*?)</p>', openai)
+    assert help_text is not None
+    assert help_text.group(1).endswith("Blank: its template's, <code>GET models</code>."), help_text.group(1)
+    for shown in (form, wrong.text, created.text, pool, settings, refused.text, cleared.text, openai):
         for key in (KEY, NEW_KEY):
             assert key not in shown

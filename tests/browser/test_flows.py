@@ -111,9 +111,14 @@ async def test_custom_configure_then_endpoints(
     await page.get_by_label("API key").fill(CUSTOM_KEY)
     await page.get_by_label("How the key is sent").select_option("header")
     await page.get_by_label("Header or parameter name").fill("x-api-key")
+    await page.get_by_label("Verification call (optional)").fill("GET models")
+    await page.get_by_label("Check the key with the provider after saving").check()
     await screenshot(page, "custom-configure", tmp_path)
     await page.get_by_role("button", name="Create, then configure endpoints").click()
     await expect(page.get_by_role("heading")).to_contain_text("Endpoints of acme")
+    await expect(page.get_by_role("status")).to_contain_text("Verification: the provider accepted the key (status 200)")
+    assert (upstream.last.method, upstream.last.path_qs) == ("GET", "/v1/models")
+    assert upstream.last.header("x-api-key") == CUSTOM_KEY
     assert (await proxied(gateway, token, "acme/chat/completions")).status_code == 403  # none allowed yet
     await page.get_by_label("Method of new row 1").select_option("POST")
     await page.get_by_label("Path of new row 1").fill("chat/completions")

@@ -257,6 +257,7 @@ async def create_integration(
         base_url=body.base_url,
         auth=body.auth,
         private_networks=body.private_networks,
+        verify_call=body.verify_call,
         actor=actor,
     )
     if not created:
@@ -279,7 +280,7 @@ async def get_integration(project_id: str, provider: str, ctx: ContextDep, _acto
 async def update_integration(
     project_id: str, provider: str, body: IntegrationPatchIn, ctx: ContextDep, actor: Actor
 ) -> IntegrationOut:
-    changes = integrations.IntegrationChanges(**{name: getattr(body, name) for name in body.model_fields_set})
+    changes = body.changes()
     integration = await integrations.update_integration(
         ctx, project_id=project_id, provider=provider, changes=changes, actor=actor
     )

@@ -27,6 +27,7 @@ from credgate.limits import (
 )
 from credgate.netguard import PrivateNetworkList
 from credgate.services.budgets import BudgetState, limit_of, reserve_of
+from credgate.services.integrations import REMOVE, IntegrationChanges
 from credgate.services.key_pools import key_state
 from credgate.services.projects import current_token
 from credgate.services.verification import Verification
@@ -40,6 +41,7 @@ from credgate.specs import (
     Origins,
     ProviderName,
     QueryMap,
+    VerifyCall,
 )
 from credgate.spending import MICROS_PER_DOLLAR
 from credgate.storage import UsageRow
@@ -213,6 +215,10 @@ PRIVATE_NETWORKS_HELP = (
     "single addresses or host names it may reach although they are not public, over plain http too. Link-local "
     "ranges and cloud metadata addresses are never allowed. [] removes every exception."
 )
+VERIFY_CALL_HELP = (
+    "the call that checks a key (`verify`): {method: GET or POST, path under the base URL}, sent with the key and "
+    "no body; without it, the template's own (a custom integration has none)"
+)
 
 
 class IntegrationIn(In):
@@ -226,6 +232,7 @@ class IntegrationIn(In):
     base_url: BaseUrl | None = None
     auth: AuthSpec | None = None
     private_networks: PrivateNetworkList | None = Field(default=None, description=PRIVATE_NETWORKS_HELP)
+    verify_call: VerifyCall | None = Field(default=None, description=VERIFY_CALL_HELP)
 
 
 class IntegrationPatchIn(In):
@@ -241,6 +248,14 @@ class IntegrationPatchIn(In):
     key_strategy: KeyStrategy | None = Field(
         default=None, description="how a pool of keys is used: failover (in order) or spread (taking turns)"
     )
+    verify_call: VerifyCall | None = Field(default=None, description=VERIFY_CALL_HELP + "; null removes it")
+
+    def changes(self) -> IntegrationChanges:
+        """The fields sent, as the service's partial update: a `verify_call` sent as null removes the call."""
+        sent = {name: getattr(self, name) for name in self.model_fields_set}
+        if "verify_call" in sent and sent["verify_call"] is None:
+            sent["verify_call"] = REMOVE
+        return IntegrationChanges(**sent)
 
 
 class EndpointsIn(In):
@@ -334,6 +349,7 @@ class IntegrationOut(BaseModel):
     keys: list[PoolKeyOut]
     key_strategy: str
     prices: list[PriceLine]
+    verify_call: VerifyCall | None  # the admin's own; null: its templates' `verify`, if any
     created_at: datetime
     updated_at: datetime
 
@@ -362,6 +378,7 @@ class IntegrationOut(BaseModel):
             keys=[PoolKeyOut.of(each) for each in integration.keys],
             key_strategy=integration.key_strategy,
             prices=[PriceLine.model_validate(line) for line in integration.prices],
+            verify_call=None if integration.verify_call is None else VerifyCall.model_validate(integration.verify_call),
             created_at=integration.created_at,
             updated_at=integration.updated_at,
         )

@@ -18,13 +18,14 @@ from credgate.admin_ui.key_pages import can_verify, verification_after_save, wan
 from credgate.admin_ui.messages import line_error, row_errors, sentence, service_errors
 from credgate.errors import Conflict, InvalidInput
 from credgate.limits import parse_float
-from credgate.services import integrations, projects
-from credgate.services.integrations import IntegrationChanges
+from credgate.services import integrations, projects, verification
+from credgate.services.integrations import REMOVE, IntegrationChanges
 from credgate.specs import (
     METHODS,
     Endpoint,
     HeaderMap,
     QueryMap,
+    VerifyCall,
     check_base_url,
     check_header_name,
     check_provider_name,
@@ -51,17 +52,34 @@ def _auth_context(values: dict[str, str], hint: str | None = None) -> dict[str, 
 # Custom Configure
 
 
-def _custom_context(project: Project, values: dict[str, str], errors: dict[str, str]) -> dict[str, Any]:
-    """What custom.html needs: the form as typed and its problems. No "check the key" box: a custom integration
-    has no template, so no call is known that would tell whether the provider takes the key."""
-    return {"project": project, "errors": errors, "values": values} | _auth_context(values)
+def _custom_context(current: Visit, project: Project, values: dict[str, str], errors: dict[str, str]) -> dict[str, Any]:
+    """What custom.html needs: the form as typed and its problems. The "check the key" box is offered where the
+    running gateway can make the call; the form's own verification call is the one it makes."""
+    context = {
+        "project": project,
+        "errors": errors,
+        "values": values,
+        "can_verify": current.panel.verify_key is not None,
+    }
+    return context | _auth_context(values)
 
 
 async def custom(request: Request) -> Response:
     current = await visit(request, changing=True, sensitive=True)
     project = await projects.get_project(current.ctx, project_id=request.path_params["project_id"])
-    context = _custom_context(project, {"auth_method": "bearer"}, {})
+    context = _custom_context(current, project, {"auth_method": "bearer"}, {})
     return await render(request, "custom.html", context, current=current)
+
+
+def _verify_call(text: str) -> tuple[VerifyCall | None, str | None]:
+    """The verification call as typed ("GET models"; blank: none), or the problem with it."""
+    if not text.strip():
+        return None, None
+    try:
+        return VerifyCall.parse(text), None
+    except ValidationError as error:
+        label = f"the {error.errors()[0]['loc'][0]}"  # the method, the path
+        return None, line_error(error, where="The verification call", label=label)
 
 
 async def custom_submit(request: Request) -> Response:
@@ -70,6 +88,7 @@ async def custom_submit(request: Request) -> Response:
     project = await projects.get_project(current.ctx, project_id=request.path_params["project_id"])
     values = {name: field(form, name) for name in ("provider", "base_url")} | auth_form.values_from(form)
     values["private_networks"] = str(form.get("private_networks") or "")
+    values["verify_call"], verify = field(form, "verify_call"), wants_verification(current, form)
     errors: dict[str, str] = {}
     try:
         check_provider_name(values["provider"])
@@ -84,6 +103,11 @@ async def custom_submit(request: Request) -> Response:
     api_key = str(form.get("api_key") or "")
     if not api_key.strip():
         errors["api_key"] = "Enter the API key."
+    verify_call, problem = _verify_call(values["verify_call"])
+    if problem is not None:
+        errors["verify_call"] = problem
+    elif verify and verify_call is None:
+        errors["verify_call"] = "Name the call that checks the key, or leave the box unticked."
     if not errors and auth is not None:
         try:
             await integrations.add_custom_integration(
@@ -94,6 +118,7 @@ async def custom_submit(request: Request) -> Response:
                 api_key=api_key,
                 auth=auth,
                 private_networks=_lines(values["private_networks"]),
+                verify_call=verify_call,
                 actor=current.actor,
             )
         except InvalidInput as error:
@@ -105,9 +130,12 @@ async def custom_submit(request: Request) -> Response:
             errors["api_key"] += f" {ENTER_KEY_AGAIN}" if api_key.strip() else ""
         elif api_key.strip():
             errors["api_key"] = f"Nothing was saved. {ENTER_KEY_AGAIN}"
-        context = _custom_context(project, values, errors)
+        context = _custom_context(current, project, values, errors) | {"verify": verify}
         return await render(request, "custom.html", context, current=current, status=422)
-    await current.flash(f"{values['provider']} created. Now allow its endpoints.")
+    checked = ""
+    if verify:
+        checked = " " + await verification_after_save(current, project_id=project.id, provider=values["provider"])
+    await current.flash(f"{values['provider']} created.{checked} Now allow its endpoints.")
     return redirect(f"/admin/projects/{project.id}/integrations/{values['provider']}/endpoints")
 
 
@@ -126,6 +154,7 @@ async def _integration_page(
         context["rows"] = _rows([EndpointRow(row["method"], row["path"]) for row in integration.endpoints])
     if page == "integration.html":
         context["values"] = _settings_of(integration)
+        context["template_call"] = verification.template_call(current.ctx, integration)
     if page == "key.html":
         context |= {"can_verify": can_verify(current, integration), "verify": False}
     context |= extra or {}
@@ -243,13 +272,21 @@ def _settings_of(integration: Integration) -> dict[str, Any]:
         "headers": "".join(f"{name}: {value}\n" for name, value in integration.headers.items()),
         "query": "".join(f"{name}={value}\n" for name, value in integration.query.items()),
         "private_networks": "".join(f"{entry}\n" for entry in integration.private_networks),
+        "verify_call": _call_text(integration),
     } | auth_form.values_of(integration.auth)
+
+
+def _call_text(integration: Integration) -> str:
+    """The integration's own verification call as the form shows it (`GET models`), blank when it has none."""
+    return "" if integration.verify_call is None else str(VerifyCall.model_validate(integration.verify_call))
 
 
 def _settings_from(form: FormData, integration: Integration) -> dict[str, Any]:
     """The settings form's values, as posted (the auth fields as stored when the form has none)."""
     values: dict[str, Any] = {name: field(form, name) for name in ("base_url", *integrations.TIMEOUTS)}
     values |= {name: str(form.get(name) or "") for name in ("headers", "query", "private_networks")}
+    # A form from a page older than the field (open while the gateway was upgraded) keeps the stored call.
+    values["verify_call"] = field(form, "verify_call") if "verify_call" in form else _call_text(integration)
     values["enabled"] = form.get("enabled") == "on"
     posted = "auth_method" in form
     return values | (auth_form.values_from(form) if posted else auth_form.values_of(integration.auth))
@@ -281,6 +318,13 @@ async def settings_submit(request: Request) -> Response:
             changes[name] = parse_float(name, kind, values[name])
         except InvalidInput as error:
             errors |= service_errors(error)
+    verify_call, problem = _verify_call(values["verify_call"])
+    if problem is not None:
+        errors["verify_call"] = problem
+    elif verify_call is not None:
+        changes["verify_call"] = verify_call
+    elif integration.verify_call is not None:
+        changes["verify_call"] = REMOVE  # blank: its templates' call again
     auth, auth_errors = auth_form.read_auth(values)
     errors |= auth_errors
     auth_changed = auth is not None and not auth_form.same_auth(integration.auth, auth)

@@ -56,7 +56,7 @@ async def _pool_page(
 
 def can_verify(current: Visit, integration: Integration) -> bool:
     """Whether the "check the key" box and the Verify buttons are offered: the running gateway makes the call, and
-    a template of the integration names it (a custom integration has none, so nothing could be confirmed)."""
+    the integration has one (its own, or its template's): without, nothing could be confirmed."""
     return current.panel.verify_key is not None and verification.verification_call(current.ctx, integration) is not None
 
 
@@ -69,7 +69,7 @@ def wants_verification(current: Visit, form: FormData) -> bool:
 
 
 async def verification_note(current: Visit, *, project_id: str, provider: str, key_id: str | None = None) -> str:
-    """The template's cheap call with the key (the pool's `key_id`, else the first in service): what the
+    """The integration's cheap call with the key (the pool's `key_id`, else the first in service): what the
     provider said, as a sentence for the flash. The key itself is never in it."""
     verifier = current.panel.verify_key
     if verifier is None:

@@ -13,7 +13,7 @@ from credgate.error_responses import validation_message
 from credgate.limits import StreamIdleTimeoutSeconds, TimeoutSeconds, TotalTimeoutSeconds
 from credgate.services import budgets, integrations
 from credgate.services.context import Context
-from credgate.specs import AuthSpec, Endpoint
+from credgate.specs import AuthSpec, Endpoint, VerifyCall
 from credgate.storage.models import Integration
 
 _auth_adapter: TypeAdapter[AuthSpec] = TypeAdapter(AuthSpec)
@@ -44,6 +44,22 @@ def _parse_pairs(option: str, pairs: tuple[str, ...]) -> dict[str, str] | None:
             fail(f"{option} takes NAME=VALUE", 2)
         parsed[name] = value
     return parsed
+
+
+_VERIFY_CALL_HELP = (
+    'The call that checks a key (`--verify`, `keys verify`), as "METHOD path" under the base URL: GET or POST, '
+    'e.g. "GET models". Without it, the template\'s own.'
+)
+
+
+def _parse_verify_call(text: str | None) -> VerifyCall | None:
+    if text is None:
+        return None
+    try:
+        return VerifyCall.parse(text)
+    except ValidationError as error:
+        fail(f"--verify-call: {validation_message(list(error.errors()))}", 2)
+    raise AssertionError("unreachable")
 
 
 _PRIVATE_NETWORK_HELP = (
@@ -77,6 +93,7 @@ def integrations_show(settings: Settings, project_id: str, provider: str) -> Non
 @click.option("--auth", help='Custom integrations: JSON, e.g. \'{"method": "header", "name": "x-api-key"}\'.')
 @click.option("--api-key-stdin", is_flag=True, help="Read the provider API key from standard input.")
 @click.option("--private-network", "private_networks", multiple=True, help=_PRIVATE_NETWORK_HELP)
+@click.option("--verify-call", help=_VERIFY_CALL_HELP)
 @pass_settings
 def integrations_add(
     settings: Settings,
@@ -87,12 +104,14 @@ def integrations_add(
     auth: str | None,
     api_key_stdin: bool,
     private_networks: tuple[str, ...],
+    verify_call: str | None,
 ) -> None:
     """Set a provider up in a project, from a template or custom."""
     api_key = read_secret("API key") if api_key_stdin else None
     fields: dict[str, Any] = {"provider": provider, "template": template, "base_url": base_url, "api_key": api_key}
     fields["auth"] = _parse_auth(auth)
     fields["private_networks"] = list(private_networks) or None
+    fields["verify_call"] = _parse_verify_call(verify_call)
     try:
         request = IntegrationIn.model_validate({name: value for name, value in fields.items() if value is not None})
     except ValidationError as error:
@@ -108,6 +127,7 @@ def integrations_add(
             base_url=request.base_url,
             auth=request.auth,
             private_networks=request.private_networks,
+            verify_call=request.verify_call,
             actor=actor(),
         )
         return integration
@@ -138,6 +158,8 @@ def integrations_add(
     "--private-network", "private_networks", multiple=True, help=_PRIVATE_NETWORK_HELP + " Replaces the list."
 )
 @click.option("--no-private-networks", is_flag=True, help="Remove every exception: the full SSRF guard again.")
+@click.option("--verify-call", help=_VERIFY_CALL_HELP)
+@click.option("--no-verify-call", is_flag=True, help="Remove the call set with --verify-call: the template's again.")
 @pass_settings
 def integrations_update(
     settings: Settings,
@@ -153,11 +175,15 @@ def integrations_update(
     query: tuple[str, ...],
     private_networks: tuple[str, ...],
     no_private_networks: bool,
+    verify_call: str | None,
+    no_verify_call: bool,
 ) -> None:
     """Change an integration's settings."""
     if private_networks and no_private_networks:
         fail("--private-network and --no-private-networks exclude each other", 2)
-    fields = {
+    if verify_call is not None and no_verify_call:
+        fail("--verify-call and --no-verify-call exclude each other", 2)
+    fields: dict[str, Any] = {
         "base_url": base_url,
         "auth": _parse_auth(auth),
         "enabled": enable,
@@ -167,12 +193,16 @@ def integrations_update(
         "headers": _parse_pairs("--header", headers),
         "query": _parse_pairs("--query", query),
         "private_networks": [] if no_private_networks else list(private_networks) or None,
+        "verify_call": _parse_verify_call(verify_call),
     }
+    sent: dict[str, Any] = {name: value for name, value in fields.items() if value is not None}
+    if no_verify_call:
+        sent["verify_call"] = None  # null: removed, as in the API
     try:
-        patch = IntegrationPatchIn.model_validate({name: value for name, value in fields.items() if value is not None})
+        patch = IntegrationPatchIn.model_validate(sent)
     except ValidationError as error:
         fail(validation_message(list(error.errors())), 2)
-    changes = integrations.IntegrationChanges(**{name: getattr(patch, name) for name in patch.model_fields_set})
+    changes = patch.changes()
     found = run(
         settings,
         lambda ctx: integrations.update_integration(

@@ -2,6 +2,8 @@
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import Enum
+from typing import Literal
 
 from credgate.catalog import Template
 from credgate.errors import Conflict, InvalidInput, NotFound
@@ -26,6 +28,7 @@ from credgate.specs import (
     KeyStrategy,
     ProviderName,
     QueryMap,
+    VerifyCall,
 )
 from credgate.storage import Repository
 from credgate.storage.models import Integration
@@ -54,6 +57,15 @@ _SETTINGS: dict[str, object] = {
 }
 
 
+class Removal(Enum):
+    """A change that takes a setting away (None in IntegrationChanges leaves it)."""
+
+    REMOVE = "remove"
+
+
+REMOVE: Literal[Removal.REMOVE] = Removal.REMOVE
+
+
 @dataclass(frozen=True, slots=True)
 class IntegrationChanges:
     """A partial update; None leaves a field as it is."""
@@ -68,6 +80,7 @@ class IntegrationChanges:
     total_timeout_seconds: float | None = None
     private_networks: list[str] | None = None  # replaces the list; [] removes every exception
     key_strategy: KeyStrategy | None = None
+    verify_call: VerifyCall | Literal[Removal.REMOVE] | None = None  # REMOVE: its templates' call again
 
 
 async def _check_upstream(
@@ -213,6 +226,7 @@ async def add_custom_integration(
     actor: str,
     auth: AuthSpec | None = None,
     private_networks: Sequence[str] | None = None,
+    verify_call: VerifyCall | None = None,
 ) -> Integration:
     """Set a provider up by hand; it allows no endpoint until they are configured."""
     within("provider", ProviderName, provider)
@@ -236,6 +250,7 @@ async def add_custom_integration(
             query={},
             private_networks=networks,
         )
+        integration.verify_call = None if verify_call is None else verify_call.model_dump()
         seal_provider_key(ctx.keyring, integration, clean_api_key(api_key, auth_method=auth.method), now=ctx.clock())
         repo.add(integration)
         if networks:
@@ -288,11 +303,14 @@ async def add_integration(
     base_url: str | None = None,
     auth: AuthSpec | None = None,
     private_networks: Sequence[str] | None = None,
+    verify_call: VerifyCall | None = None,
 ) -> tuple[Integration, bool]:
     """From a template when `template_id` is given, else custom; returns the integration and whether it is new."""
     if template_id is not None:
         if auth is not None:
             raise InvalidInput("auth", "a template sets the auth method; change it later with PATCH")
+        if verify_call is not None:
+            raise InvalidInput("verify_call", "a template brings its own; set another later with PATCH")
         return await add_template_integration(
             ctx,
             project_id=project_id,
@@ -315,6 +333,7 @@ async def add_integration(
         api_key=api_key,
         auth=auth,
         private_networks=private_networks,
+        verify_call=verify_call,
         actor=actor,
     )
     return integration, True
@@ -360,6 +379,8 @@ async def update_integration(
         if networks is not None and networks != integration.private_networks:
             integration.private_networks = networks
             await _audit_private_networks(ctx, repo, actor, integration)
+        if changes.verify_call is not None:
+            integration.verify_call = None if changes.verify_call is REMOVE else changes.verify_call.model_dump()
         integration.updated_at = ctx.clock()
     return integration
 

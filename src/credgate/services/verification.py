@@ -1,5 +1,5 @@
-"""Verification of a provider key on save: a cheap call (a template's `verify`) that says whether the
-provider accepts the key. The call itself is made by the data plane, which implements `KeyVerifier`."""
+"""Verification of a provider key on save: a cheap call (the admin's, or a template's `verify`) that says whether
+the provider accepts the key. The call itself is made by the data plane, which implements `KeyVerifier`."""
 
 from dataclasses import dataclass, replace
 from typing import Protocol
@@ -13,6 +13,8 @@ from credgate.services.key_pools import find_key
 from credgate.services.provider_keys import open_pool_key
 from credgate.specs import Endpoint
 from credgate.storage.models import Integration
+
+NO_CALL = "no verification call is known for this integration: name one as its verify_call"
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,8 +39,15 @@ def verdict(status: int) -> Verification:
 
 
 def verification_call(ctx: Context, integration: Integration) -> Endpoint | None:
-    """The cheap call that tells whether the provider takes a key: the first `verify` of the integration's
-    templates, at its base URL. None for a custom integration (it has no template), or templates without one."""
+    """The cheap call that tells whether the provider takes a key: the admin's own (`verify_call`), else its
+    templates' call. None when neither names one."""
+    if integration.verify_call is not None:
+        return Endpoint.model_validate(integration.verify_call)
+    return template_call(ctx, integration)
+
+
+def template_call(ctx: Context, integration: Integration) -> Endpoint | None:
+    """The first `verify` of the integration's templates, at its base URL (a custom integration has none)."""
     for template_id in integration.templates:
         template = ctx.templates.get(template_id)
         if template is not None and template.verify is not None:
@@ -56,7 +65,7 @@ async def verify_provider_key(
     chosen = None if key_id is None else find_key(integration, key_id)
     call = verification_call(ctx, integration)
     if call is None:
-        return Verification(accepted=None, status=None, message="no verification call is known for this integration")
+        return Verification(accepted=None, status=None, message=NO_CALL)
     resolved = resolved_integration(ctx, integration)
     if chosen is not None:
         resolved = replace(resolved, credential=open_pool_key(ctx.keyring, integration, chosen))

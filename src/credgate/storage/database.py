@@ -31,7 +31,7 @@ MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 # and the process does not load Alembic (about 10 MB) to find that out.
 # A unique index refused a row, which another transaction made at the same moment: the services' name for it.
 DuplicateRow = IntegrityError
-HEAD_REVISION = "0016"
+HEAD_REVISION = "0017"
 # The meta row holding the random id a database is given when it is created (see services/bootstrap.py).
 DATABASE_ID = "database_id"
 _SELECT_DATABASE_ID = "SELECT value FROM meta WHERE name = 'database_id'"

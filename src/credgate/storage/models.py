@@ -158,6 +158,8 @@ class Integration(Base):
     key_strategy: Mapped[str] = mapped_column(String(16), default="failover", server_default=text("'failover'"))
     # The admin's price list, in order: [{"model": glob, "input": USD per million tokens, "output": …}].
     prices: Mapped[list[Any]] = mapped_column(default=list)
+    # The admin's call that checks a key ({"method", "path"}); None: the first `verify` of its templates, if any.
+    verify_call: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
 
