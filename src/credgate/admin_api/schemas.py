@@ -223,7 +223,7 @@ VERIFY_CALL_HELP = (
 
 class IntegrationIn(In):
     """Either a template (`template`, `api_key` at first setup, optional `base_url`) or a custom
-    integration (`base_url`, `api_key`, optional `auth`); either may list `private_networks`."""
+    integration (`base_url`, `api_key`, optional `auth` and `verify_call`); either may list `private_networks`."""
 
     provider: ProviderName
     verify: bool = False
