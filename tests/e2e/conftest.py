@@ -28,6 +28,8 @@ from tests.secret_sweep import SWEEP
 from tests.upstream import Upstream, run_upstream
 
 CREDGATE = str(Path(sys.executable).with_name("credgate"))
+# CREDGATE_UPSTREAM_PORTS for a gateway with the SSRF guard on whose stand-ins listen where the system puts them.
+EVERY_PORT = ",".join(str(port) for port in range(1, 65536))
 
 
 def free_port() -> int:

@@ -26,7 +26,7 @@ from credgate.errors import InvalidInput
 from credgate.services import integrations, projects
 from credgate.services.context import Context
 from credgate.specs import AuthSpec, Endpoint, OAuth2ClientCredentialsAuth
-from tests.e2e.conftest import serving
+from tests.e2e.conftest import EVERY_PORT, serving
 from tests.secret_sweep import SWEEP
 from tests.upstream import Upstream
 
@@ -75,7 +75,8 @@ async def dns(monkeypatch: pytest.MonkeyPatch) -> Dns:
 @pytest.fixture
 async def guarded_url(settings: Settings, ctx: Context) -> AsyncIterator[str]:
     """The gateway with the guard on; the services (`ctx`) check with it on too."""
-    guarded = settings.model_copy(update={"allow_private_upstreams": False})
+    # Every port: the test network's stand-ins listen where the system puts them.
+    guarded = settings.model_copy(update={"allow_private_upstreams": False, "upstream_ports": EVERY_PORT})
     ctx.allow_private_upstreams = False
     async with serving(create_app(guarded, context=ctx), guarded) as url:
         yield url

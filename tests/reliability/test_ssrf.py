@@ -37,7 +37,7 @@ from credgate.proxy import create_http_session
 from credgate.services.context import Context
 from credgate.specs import OAuth2ClientCredentialsAuth
 from tests.conftest import POSTGRES_URL, REQUIRE_POSTGRES
-from tests.e2e.conftest import Project, add_custom, serving
+from tests.e2e.conftest import EVERY_PORT, Project, add_custom, serving
 from tests.upstream import Upstream
 
 NOT_PUBLIC = (
@@ -288,8 +288,9 @@ def backend(request: pytest.FixtureRequest) -> str:
 BOTH_BACKENDS = pytest.mark.parametrize("backend", ["sqlite", "postgresql"], indirect=True)
 
 
-def guarded(settings: Settings) -> Settings:
-    return settings.model_copy(update={"allow_private_upstreams": False})
+def guarded(settings: Settings, upstream_ports: str = EVERY_PORT) -> Settings:
+    """The guard on; every port, unless told: these tests are about addresses (SS-06's have the default list)."""
+    return settings.model_copy(update={"allow_private_upstreams": False, "upstream_ports": upstream_ports})
 
 
 @pytest.fixture
@@ -562,6 +563,40 @@ async def test_ss06_a_public_upstream_is_reached_on_an_allowed_port_only(
     ctx.allow_private_upstreams = True  # the switch (tests) lifts every check but the URL's shape
     assert (await admin.save("https://api.public.test:22/v1", provider="switched")).status_code == 201
     assert canary.hits == 0
+
+
+async def test_ss06_a_row_on_a_port_the_list_no_longer_holds_is_refused_before_any_lookup(
+    settings: Settings,
+    ctx: Context,
+    project: Project,
+    canary: Canary,
+    network: Network,
+    provider: Provider,
+    http: httpx.AsyncClient,
+) -> None:
+    """Saved while the list held its port (or written straight into the database), a row is refused when it is
+    used, its base URL or its token URL alike; an integration with exceptions keeps its save-time rule (a listed
+    host on any port)."""
+    await add_custom(ctx, project, "moved", "https://api.public.test:8443/v1")
+    await add_custom(ctx, project, "plain", "http://api.public.test/v1")  # port 80
+    await add_custom(
+        ctx, project, "ssh", "https://api.public.test/v1", auth=client_credentials("https://api.public.test:22/t")
+    )
+    await add_custom(ctx, project, "ok", "https://unknown.public.test/v1")
+    network.publish("listed.test", provider.port)
+    await add_custom(ctx, project, "listed", "http://listed.test:11434/v1", private_networks=["listed.test"])
+    async with serving(create_app(guarded(settings, "443"), context=ctx), guarded(settings, "443")) as url:
+        answers = {name: await proxied(http, url, project, name) for name in ("moved", "plain", "ssh", "ok", "listed")}
+    assert {name: refusal(answer, name) for name, answer in answers.items() if name != "listed"} == {
+        "moved": "{provider}'s port 8443 is not in CREDGATE_UPSTREAM_PORTS; refused",
+        "plain": "{provider}'s port 80 is not in CREDGATE_UPSTREAM_PORTS; refused",
+        "ssh": "{provider}: the token endpoint's port 22 is not in CREDGATE_UPSTREAM_PORTS; refused",
+        "ok": "{provider} could not be reached",  # let through: the name answers nothing on the test network
+    }
+    assert answers["listed"].status_code == 200
+    assert [seen.path for seen in provider.seen] == ["/v1/x"]
+    assert network.queries == ["listed.test"]
+    assert (canary.hits, network.refused) == (0, [])
 
 
 def test_ss06_the_port_list_is_ports() -> None:

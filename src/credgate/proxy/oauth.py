@@ -101,6 +101,9 @@ class TokenBroker:
         provider = integration.provider
         if self._upstreams.refuses(spec.token_url, integration.private_networks):
             raise BadGateway(f"{provider}: the token endpoint's address is not public; refused")
+        port = self._upstreams.refused_port(spec.token_url, integration.private_networks)
+        if port is not None:
+            raise BadGateway(f"{provider}: the token endpoint's port {port} is not in CREDGATE_UPSTREAM_PORTS; refused")
         if isinstance(spec, GoogleServiceAccountAuth):
             # Loading an RSA key and signing take milliseconds of CPU: off the event loop.
             assertion = await asyncio.to_thread(_service_account_assertion, spec, secret, time.time())

@@ -159,6 +159,7 @@ class ProxyApp:
             session,
             allow_private=settings.allow_private_upstreams,
             open_session=lambda resolver: create_http_session(allow_private_upstreams=False, resolver=resolver),
+            ports=settings.upstream_port_set,
         )
         self.key_pools = KeyPools(
             lambda project_id, provider, key_id, failure: take_key_out_of_service(
@@ -673,6 +674,9 @@ class ProxyApp:
             )
         if self.upstreams.refuses(integration.base_url, integration.private_networks):
             raise _not_public(integration.provider)
+        port = self.upstreams.refused_port(integration.base_url, integration.private_networks)
+        if port is not None:
+            raise BadGateway(f"{integration.provider}'s port {port} is not in CREDGATE_UPSTREAM_PORTS; refused")
         return plan_upstream(
             method=method,
             raw_endpoint=raw_endpoint,

@@ -92,15 +92,19 @@ class Upstreams:
         allow_private: bool,
         open_session: SessionFactory,
         max_sessions: int = MAX_EXCEPTION_SESSIONS,
+        ports: frozenset[int] | None = None,
     ) -> None:
+        """`ports`: those a public upstream may use (CREDGATE_UPSTREAM_PORTS); None: any."""
         self.default = default
         self._allow_private = allow_private
+        self._ports = ports
         self._open_session = open_session
         self._max_sessions = max_sessions
         self._sessions: OrderedDict[PrivateNetworks, aiohttp.ClientSession] = OrderedDict()  # oldest use first
         self._retired: set[aiohttp.ClientSession] = set()
         self._closers: set[asyncio.Task[None]] = set()
         self._refused: dict[tuple[str, PrivateNetworks], bool] = {}
+        self._refused_ports: dict[str, int | None] = {}
 
     @property
     def exception_sessions(self) -> int:
@@ -134,6 +138,19 @@ class Upstreams:
                 self._refused.clear()
             refused = self._refused[key] = exceptions.refuses_host(URL(url).host or "")
         return refused
+
+    def refused_port(self, url: str, exceptions: PrivateNetworks) -> int | None:
+        """The port of a base or token URL when it is not one a public upstream may use: the list may have lost it
+        since the integration was saved (SS-06). An integration with exceptions keeps the check of its save, where
+        a listed host may use any port."""
+        if self._allow_private or self._ports is None or exceptions:
+            return None
+        if url not in self._refused_ports:
+            if len(self._refused_ports) >= _MAX_REMEMBERED_URLS:
+                self._refused_ports.clear()
+            port = URL(url).port
+            self._refused_ports[url] = port if port not in self._ports else None
+        return self._refused_ports[url]
 
     def _retire(self, session: aiohttp.ClientSession) -> None:
         # Closing a session cuts the responses it is streaming: it waits until none is in flight.
