@@ -355,7 +355,9 @@ async def test_a_revocation_through_one_instance_is_refused_by_every_instance_wi
             for instance in fleet.instances:  # the token cached as valid on every worker
                 await instance.warm(client, proxy)
             revoking = fleet.instances[trial % INSTANCES]
-            async with httpx.AsyncClient(headers={"authorization": f"Bearer {admin_token}"}) as admin:
+            # What is measured starts at the answer; a worker's first admin request loads the admin API, which took
+            # over httpx's default 5 s on a slow host.
+            async with httpx.AsyncClient(headers={"authorization": f"Bearer {admin_token}"}, timeout=30) as admin:
                 revoked = await admin.delete(f"{revoking.url}/api/v1/projects/{project.id}/token")
             assert revoked.status_code == 204
             answered = time.perf_counter()
@@ -501,7 +503,7 @@ async def test_redis_stopped_under_load_fails_no_request_and_its_return_brings_s
 
     # Back: a change made through one instance reaches the others through Redis again (faster than the poll).
     await asyncio.sleep(1.5)  # the followers retry every second
-    async with httpx.AsyncClient(headers={"authorization": f"Bearer {admin_token}"}) as admin:
+    async with httpx.AsyncClient(headers={"authorization": f"Bearer {admin_token}"}, timeout=30) as admin:
         assert (await admin.delete(f"{fleet.instances[0].url}/api/v1/projects/{project.id}/token")).status_code == 204
     async with fresh_client(project.token) as client:
         await asyncio.sleep(0.1)
