@@ -4,15 +4,16 @@
 
 The same POST chat/completions, answered by the same stand-in upstream, through: the upstream direct, the bare
 reference proxy (bench/bare_proxy.py: what any Python proxy must do, and nothing more), in one process and in two,
-credgate with one worker and credgate with two; then what features cost: one worker without its access log, and
-(when a Redis answers on 127.0.0.1:6379) one worker serving a rate-limited project whose count is kept in Redis, and
-one serving a project with three budgets counted in Redis; and one worker called with a client token, and minting
-client tokens. The one-process bare proxy and the one-worker gateways are pinned to core 0, the upstream stand-in
-and wrk to core 1; the two-process ones have both cores, which they share with them. Each runs at 64 connections
-and at 1. Prints ratios (credgate to bare, two workers to one), the latency added at one connection, the SSE time
-to first byte added, the peak RSS of every worker, and the CPU time a request costs each system (its serving
-processes' user and system time over a run, divided by its requests: steadier than requests/s here). --soak runs
-load for that many seconds and samples the RSS; --write stores the table in bench/RESULTS.md.
+credgate with one worker and credgate with two; then what features cost: one worker without its access log (and
+without its metrics too), one without its request log, one with traces exported, and (when a Redis answers on
+127.0.0.1:6379) one worker serving a rate-limited project whose count is kept in Redis, one serving a project with
+three budgets counted in Redis, and one with a cap on requests under way counted there; and one worker called with
+a client token, and minting client tokens. The one-process bare proxy and the one-worker gateways are pinned to
+core 0, the upstream stand-in and wrk to core 1; the two-process ones have both cores, which they share with them.
+Each runs at 64 connections and at 1. Prints ratios (credgate to bare, two workers to one), the latency added at one
+connection, the SSE time to first byte added, the peak RSS of every worker, and the CPU time a request costs each system
+(its serving processes' user and system time over a run, divided by its requests: steadier than requests/s here). --soak
+runs load for that many seconds and samples the RSS; --write stores the table in bench/RESULTS.md.
 """
 
 import argparse
@@ -52,6 +53,7 @@ from harness import (
 
 QUIET = "credgate 1 worker, no access log"
 UNOBSERVED = "credgate 1 worker, no access log, no metrics"
+UNRECORDED = "credgate 1 worker, no request log"
 TRACED = "credgate 1 worker, traces exported"
 SHARED_LIMIT = "credgate 1 worker, rate limit in Redis"
 BUDGETED = "credgate 1 worker, 3 budgets in Redis"
@@ -167,8 +169,11 @@ def main() -> None:
     chat, sse = "/proxy/openai/chat/completions", "/proxy/openai/sse"
     bare_port, one_port, two_port, quiet_port = free_port(), free_port(), free_port(), free_port()
     unobserved_port, traced_port, token_port, bare_two_port = free_port(), free_port(), free_port(), free_port()
+    unrecorded_port = free_port()
     quiet = {**env, "CREDGATE_LOG_LEVEL": "warning"}  # the same gateway without its access log
-    unobserved = [sys.executable, str(HERE / "unobserved_serve.py"), "serve", "--port", str(unobserved_port)]
+    without = [sys.executable, str(HERE / "serve_without.py")]
+    unobserved = [*without, "metrics", "serve", "--port", str(unobserved_port)]
+    unrecorded = [*without, "request-log", "serve", "--port", str(unrecorded_port)]
     # Every request traced and exported over OTLP/HTTP, to the stand-in upstream's /v1/traces.
     traced = {**env, "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{upstream_port}"}
     bare = [sys.executable, str(HERE / "bare_proxy.py")]
@@ -182,6 +187,7 @@ def main() -> None:
         System("credgate 2 workers", [*serve, str(two_port), "--workers", "2"], two_port, chat, sse, env),
         System(QUIET, pinned(GATEWAY_CORE, [*serve, str(quiet_port)]), quiet_port, chat, sse, quiet),
         System(UNOBSERVED, pinned(GATEWAY_CORE, unobserved), unobserved_port, chat, sse, quiet),
+        System(UNRECORDED, pinned(GATEWAY_CORE, unrecorded), unrecorded_port, chat, sse, env),
         System(TRACED, pinned(GATEWAY_CORE, [*serve, str(traced_port)]), traced_port, chat, sse, traced),
         # A one-worker gateway called with a client token (minted once it runs), and minting them: a process of its
         # own, so that the peak RSS of the one above is the proxy's alone.
@@ -388,6 +394,12 @@ def render(
     lines.append(
         f"- traces, every request exported over OTLP/HTTP, cost {trace_cost:.0%} of it and add "
         f"{p50(TRACED) - p50(one):.2f} ms at p50 at 1 connection"
+    )
+    lines.append(
+        f"- the request log (each request's record: its usage read from the response, a row written in the next "
+        f"batch) costs {1 - rps(one) / rps(UNRECORDED):.0%} of one worker's throughput at 64 connections and "
+        f"{cpu(one) - cpu(UNRECORDED):.0f} µs of CPU a request ({cpu(one):.0f} against {cpu(UNRECORDED):.0f}); "
+        f"without it one worker does {rps(UNRECORDED) / rps(bare):.2f}× the bare proxy"
     )
 
     def feature_cost(system: str, what: str, note: str = "") -> None:
