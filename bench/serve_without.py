@@ -17,7 +17,7 @@ from credgate import cli, metrics
 from credgate.services.usage import UsageRecorder
 
 if __name__ == "__main__":
-    feature = sys.argv.pop(1)
+    feature = sys.argv.pop(1) if len(sys.argv) > 1 else ""
     if feature == "metrics":
         metrics.request_served = lambda *_args: None
     elif feature == "request-log":
