@@ -452,3 +452,32 @@ def test_admin_roles_are_granted_by_the_cli_and_checked(credgate: Any) -> None:
     ended = credgate("admin", "end-sessions", "ann")
     assert (ended.exit_code, ended.output) == (0, "ended 0 sessions of user ann\n")
     assert credgate("admin", "end-sessions", "bob").exit_code == 3
+
+
+def test_each_command_is_found_in_the_module_that_defines_it() -> None:
+    """`main` imports a command's module when it is asked for: a module's every command must be listed, or it
+    would never be found."""
+    import importlib
+    import pkgutil
+
+    import credgate.cli
+    from credgate.cli.base import CommandsByModule
+
+    for module in pkgutil.iter_modules(credgate.cli.__path__):
+        importlib.import_module(f"credgate.cli.{module.name}")
+    defined = {name: command.callback.__module__ for name, command in main.commands.items() if command.callback}
+    assert defined == {name: f"credgate.cli.{module}" for name, module in CommandsByModule.modules.items()}
+
+
+def test_serve_loads_no_other_command() -> None:
+    """The process that serves carries only `serve`'s module, not the other commands nor the admin API's schemas
+    they print (a few MB of every gateway's memory)."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, click; from credgate.cli import main; main.get_command(click.Context(main), 'serve'); "
+        "print(sorted(name for name in sys.modules if name.startswith(('credgate.cli.', 'credgate.admin_api'))))"
+    )
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert loaded.strip() == "['credgate.cli.base', 'credgate.cli.serving']"

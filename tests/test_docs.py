@@ -30,7 +30,10 @@ def commands(group: click.Group, prefix: str = "credgate") -> list[str]:
 
 def command_objects(group: click.Group, prefix: str = "credgate") -> dict[str, click.Command]:
     found: dict[str, click.Command] = {}
-    for name, command in group.commands.items():
+    context = click.Context(group)
+    for name in group.list_commands(context):  # the commands of `main` load as they are asked for
+        command = group.get_command(context, name)
+        assert command is not None, name
         if isinstance(command, click.Group):
             found |= command_objects(command, f"{prefix} {name}")
         else:
