@@ -99,22 +99,31 @@ def wrk(url: str, script: Path, connections: int, duration: int) -> dict[str, fl
     return {"rps": float(rps.group(1)), "p50": millis("50%"), "p99": millis("99%"), "requests": int(completed.group(1))}
 
 
-def first_byte_ms(host_port: tuple[str, int], path: str, token: str, samples: int) -> float:
-    """Median time from sending a request to reading the first byte of an SSE response."""
+def first_byte_ms(host_port: tuple[str, int], path: str, token: str) -> float:
+    """The time from sending a request, on a new connection, to reading the first byte of its SSE response."""
     request = f"GET {path} HTTP/1.1\r\nHost: bench\r\nAuthorization: Bearer {token}\r\nConnection: close\r\n\r\n"
-    times = []
+    with socket.create_connection(host_port, timeout=10) as connection:
+        started = time.perf_counter()
+        connection.sendall(request.encode())
+        received = connection.recv(65536)
+        elapsed = (time.perf_counter() - started) * 1000
+        while not received.endswith(b"0\r\n\r\n"):  # the stream's last chunk
+            more = connection.recv(65536)
+            if not more:
+                break
+            received += more
+    return elapsed
+
+
+def first_bytes_ms(systems: list["System"], token: str, samples: int) -> dict[str, float]:
+    """Each system's median time to first byte, its samples taken in turn with the others' (one each, round and
+    round): the host's speed drifts over a run, and systems measured one after another measured the drift (a
+    gateway with less to do came out slower than the whole one)."""
+    times: dict[str, list[float]] = {system.name: [] for system in systems}
     for _ in range(samples):
-        with socket.create_connection(host_port, timeout=10) as connection:
-            started = time.perf_counter()
-            connection.sendall(request.encode())
-            received = connection.recv(65536)
-            times.append((time.perf_counter() - started) * 1000)
-            while not received.endswith(b"0\r\n\r\n"):  # the stream's last chunk
-                more = connection.recv(65536)
-                if not more:
-                    break
-                received += more
-    return statistics.median(times)
+        for system in systems:
+            times[system.name].append(first_byte_ms(("127.0.0.1", system.port), system.sse_path, token))
+    return {name: statistics.median(taken) for name, taken in times.items()}
 
 
 @dataclass
@@ -262,11 +271,9 @@ def main() -> None:
                     run["cpu_us"] = (system.cpu_seconds() - before) / run["requests"] * 1e6
                     samples.setdefault((system.name, connections), []).append(run)
         rows = {key: median_run(runs) for key, runs in samples.items()}
-        first_bytes = {
-            system.name: first_byte_ms(("127.0.0.1", system.port), system.sse_path, token, 200)
-            for system in systems
-            if system.name not in (CLIENT_TOKEN, MINTING)
-        }
+        first_bytes = first_bytes_ms(
+            [system for system in systems if system.name not in (CLIENT_TOKEN, MINTING)], token, 200
+        )
         measured = [*systems[2:4], next(system for system in systems if system.name == CLIENT_TOKEN)]
         peaks = {system.name: [peak_rss_mb(pid) for pid in system.worker_pids()] for system in measured}
         soak = []
@@ -376,7 +383,7 @@ def render(
         f"the requests): credgate 1 worker {cpu(one):.0f} µs, bare proxy {cpu(bare):.0f} µs "
         f"({cpu(one) / cpu(bare):.2f}×); two workers {cpu(two):.0f} µs ({cpu(two) / cpu(one):.2f}× one worker's), the "
         f"bare proxy's two processes {cpu(BARE_TWO):.0f} µs ({cpu(BARE_TWO) / cpu(bare):.2f}× its one process's)",
-        "- SSE time to first byte, median of 200 (new connection each): "
+        "- SSE time to first byte, median of 200 (new connection each; the systems' samples taken in turn): "
         + ", ".join(f"{name} {value:.2f} ms" for name, value in first_bytes.items()),
         "- peak RSS per worker (MB): "
         + "; ".join(f"{name}: {', '.join(f'{value:.0f}' for value in values)}" for name, values in peaks.items())
