@@ -1,5 +1,6 @@
-"""What writing the request log costs: the CPU time of one UsageRecorder.flush (reading each response's usage,
-the rows' parameters, the INSERT statements and the commit, the SQLite thread included), per row.
+"""What writing the request log costs, per row: the CPU time of recording a batch of requests (each response's
+usage read) and of writing it (UsageRecorder.flush: the rows' parameters, the INSERT statement and the commit, the
+SQLite thread included).
 
     .venv/bin/python bench/request_log.py [--rows 1 64 300 512] [--rounds 7]
 
@@ -54,9 +55,10 @@ async def measure(settings: Settings, sizes: list[int], rounds: int) -> dict[int
         taken: dict[int, list[float]] = {size: [] for size in sizes}
         for round_ in range(rounds + 1):  # the first round warms up: statements compiled, pages cached
             for size in sizes:
-                for _ in range(size):
-                    recorder.record(served(project.id))
+                requests = [served(project.id) for _ in range(size)]
                 started = time.process_time()  # every thread of the process: the SQLite thread's work counts
+                for request in requests:
+                    recorder.record(request)  # where each request's usage is read
                 await recorder.flush()
                 if round_:
                     taken[size].append((time.process_time() - started) / size * 1e6)

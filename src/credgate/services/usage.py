@@ -29,10 +29,6 @@ COUNTED_CONTENT_TYPES = ("application/json", "text/event-stream")
 _MAX_INFLATED_BYTES = 1024 * 1024
 _TOKEN_TOUCH_RESOLUTION = timedelta(minutes=1)
 _PRUNE_INTERVAL_SECONDS = 3600
-# Records read between two yields to the event loop: about 0.5 ms of parsing. Under load a yield lets a turn of
-# requests run (10 ms and more at 64 connections), so slices of 32 stretched a flush to 400 ms, during which the
-# next 1,600 records piled up: 5 MB more peak RSS under bench/run.py's load.
-_RECORDS_PER_SLICE = 64
 _MODEL_NEAR_START = re.compile(rb'"model"\s*:\s*"([^"\\]{1,200})"')
 
 
@@ -225,26 +221,38 @@ def _record_of(request: ProxiedRequest) -> dict[str, Any]:
     )
 
 
-def _charges(batch: Sequence[ProxiedRequest], records: Sequence[dict[str, Any]]) -> list[Charge]:
+class _Pending(NamedTuple):
+    """A request as the next batch writes it: its row, its usage already read, and what the write also needs."""
+
+    row: dict[str, Any]
+    token_hash: str
+    budgets: tuple[BudgetRule, ...]
+
+
+def _charges(batch: Sequence[_Pending]) -> list[Charge]:
     """What each response of `batch` adds to the budgets that admitted it (tokens, cost)."""
     charges = []
-    for request, record in zip(batch, records, strict=True):
-        for rule in request.budgets:
-            amount = rule.charge(record["prompt_tokens"], record["completion_tokens"], record["cost_micros"])
+    for row, _, budgets in batch:
+        for rule in budgets:
+            amount = rule.charge(row["prompt_tokens"], row["completion_tokens"], row["cost_micros"])
             if amount:
-                charges.append((rule, request.at, amount))
+                charges.append((rule, row["at"], amount))
     return charges
 
 
 class UsageRecorder:
     """Collects proxied requests in memory and writes them in batches; never blocks the proxy.
 
-    A batch is written every `flush_seconds`, or as soon as `batch_size` requests are pending: each holds up to
-    64 KiB of its response's body until then, so at a high rate of large responses the batch's size, not the
-    clock, bounds that memory. Not smaller: a write costs about 2 ms of CPU whatever its size (eight round trips
-    to the SQLite thread, the commit's fsync), and batches of 64 cost a worker at 3,000 requests/s about 10% of
-    its throughput for 5 MB less peak RSS. When the database cannot keep up, the oldest pending records are
-    dropped (and counted) rather than letting memory grow or requests wait.
+    A request's usage is read as it is recorded, its response over, so that a pending request holds its row and
+    not its body's bytes (up to 64 KiB). Reading them in the write instead, in slices between yields to the event
+    loop, stretched a write to 170 ms at 64 connections, while the next 800 requests piled up, their bodies and
+    their rows held at once.
+
+    A batch is written every `flush_seconds`, or as soon as `batch_size` requests are pending. Not smaller: a
+    write costs about 2 ms of CPU whatever its size (eight round trips to the SQLite thread, the commit's fsync),
+    and batches of 64 cost a worker at 3,000 requests/s about 10% of its throughput. When the database cannot
+    keep up, the oldest pending records are dropped (and counted) rather than letting memory grow or requests
+    wait.
     """
 
     def __init__(
@@ -261,16 +269,21 @@ class UsageRecorder:
         self.settle: Callable[[Sequence[Charge]], None] | None = None
         self._retention = retention
         self._next_prune = 0.0
-        self._pending: deque[ProxiedRequest] = deque(maxlen=max_pending)
+        self._pending: deque[_Pending] = deque(maxlen=max_pending)
         self._flush_seconds = flush_seconds
         self._batch_size = batch_size
         self._batch_ready = asyncio.Event()
         self._token_touched: dict[str, datetime] = {}
 
     def record(self, request: ProxiedRequest) -> None:
+        try:
+            row = _record_of(request)
+        except Exception:  # the response has gone: a bug here must cost its record, not the request
+            logger.exception("could not read the record of request %s", request.request_id)
+            return
         if len(self._pending) == self._pending.maxlen:
             metrics.request_records_dropped.inc()
-        self._pending.append(request)
+        self._pending.append(_Pending(row, request.token_hash, request.budgets))
         if len(self._pending) >= self._batch_size:
             self._batch_ready.set()
 
@@ -310,16 +323,11 @@ class UsageRecorder:
         if not batch:
             return
         try:
-            records = []
-            for start in range(0, len(batch), _RECORDS_PER_SLICE):
-                if start:
-                    await asyncio.sleep(0)  # let requests through between slices: a batch is a few ms of parsing
-                records += [_record_of(request) for request in batch[start : start + _RECORDS_PER_SLICE]]
             if self.settle is not None:
-                self.settle(_charges(batch, records))
+                self.settle(_charges(batch))
             touched = self._tokens_to_touch(batch)
             async with self._ctx.database.transaction() as repo:
-                await repo.insert_request_records(records)
+                await repo.insert_request_records([pending.row for pending in batch])
                 if touched:
                     await repo.touch_project_tokens(touched, at=self._ctx.clock())
         except Exception:
@@ -333,10 +341,10 @@ class UsageRecorder:
         except Exception:
             logger.exception("could not prune the request log")
 
-    def _tokens_to_touch(self, batch: Sequence[ProxiedRequest]) -> list[str]:
+    def _tokens_to_touch(self, batch: Sequence[_Pending]) -> list[str]:
         now = self._ctx.clock()
         touched = []
-        for token_hash in {request.token_hash for request in batch if request.token_hash}:
+        for token_hash in {pending.token_hash for pending in batch if pending.token_hash}:
             last = self._token_touched.get(token_hash)
             if last is None or now - last > _TOKEN_TOUCH_RESOLUTION:
                 self._token_touched[token_hash] = now

@@ -43,6 +43,11 @@ _FILE_INFO = "credgate_file"  # the (device, inode) a pooled SQLite connection w
 PG_CONNECT_TIMEOUT_SECONDS = 5.0
 PG_COMMAND_TIMEOUT_SECONDS = 15.0
 POOL_TIMEOUT_SECONDS = 10.0
+# SQLite's write-ahead log is copied into the database file every CHECKPOINT_SECONDS by `keep_log_short`, a task of
+# each serving process; a commit copies it itself only past this many pages (SQLite's default, 1,000, made the
+# commit that crossed it, the request log's under load, take up to 0.8 s), should that task not keep up.
+CHECKPOINT_SECONDS = 1.0
+_WAL_AUTOCHECKPOINT_PAGES = 10_000
 # Arbitrary constant: serialises migrations of several instances starting at once on PostgreSQL.
 _PG_MIGRATION_LOCK = 0x63726467
 
@@ -177,6 +182,20 @@ class Database:
             yield engine
         finally:
             await engine.dispose()
+
+    async def keep_log_short(self, interval: float = CHECKPOINT_SECONDS) -> None:
+        """SQLite: every `interval`, copy what the write-ahead log holds into the database file, from a connection
+        of its own and off every writer's path; runs until cancelled. PASSIVE: what no reader still needs, waiting
+        for no one (another process copying at the same moment is not waited for either)."""
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                async with self.engine.connect() as connection:
+                    # The driver's own connection: SQLAlchemy would open a transaction first.
+                    driver: Any = (await connection.get_raw_connection()).driver_connection
+                    await (await driver.execute("PRAGMA wal_checkpoint(PASSIVE)")).close()
+            except Exception:  # the database's health is watch_database's to report; the next round tries again
+                logger.debug("write-ahead log checkpoint failed", exc_info=True)
 
     @property
     def can_notify(self) -> bool:
@@ -347,7 +366,13 @@ def _configure_sqlite(engine: Any) -> None:
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
-        for pragma in ("journal_mode=WAL", "foreign_keys=ON", "busy_timeout=10000", "secure_delete=ON"):
+        for pragma in (
+            "journal_mode=WAL",
+            "foreign_keys=ON",
+            "busy_timeout=10000",
+            "secure_delete=ON",
+            f"wal_autocheckpoint={_WAL_AUTOCHECKPOINT_PAGES}",
+        ):
             cursor.execute(f"PRAGMA {pragma}")
         cursor.close()
 
