@@ -105,7 +105,7 @@ class Runtime:
             asyncio.create_task(dispatcher.run()),
         ]
         if ctx.database.is_sqlite:
-            tasks.append(asyncio.create_task(ctx.database.keep_log_short()))
+            tasks.append(asyncio.create_task(ctx.database.checkpoint_wal()))
         # Notices at once, through Redis, else PostgreSQL's LISTEN; the polling above stays the safety net.
         if ctx.fleet is not None:
             tasks.append(asyncio.create_task(ctx.fleet.follow_changes(ctx.access.invalidate)))

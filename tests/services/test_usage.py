@@ -266,7 +266,7 @@ async def test_sqlite_s_log_is_copied_into_the_database_file_by_a_task_of_its_ow
         log = database_file.with_name("credgate.db-wal").stat().st_size
         assert log > 1000 * 4096
         assert database_file.stat().st_size == before  # the rows are in the log only
-        copying = asyncio.create_task(ctx.database.keep_log_short(interval=0.01))
+        copying = asyncio.create_task(ctx.database.checkpoint_wal(every=0.01))
         try:
             assert await eventually(lambda: database_file.stat().st_size > before + 1000 * 4096, within=10)
         finally:

@@ -43,7 +43,7 @@ _FILE_INFO = "credgate_file"  # the (device, inode) a pooled SQLite connection w
 PG_CONNECT_TIMEOUT_SECONDS = 5.0
 PG_COMMAND_TIMEOUT_SECONDS = 15.0
 POOL_TIMEOUT_SECONDS = 10.0
-# SQLite's write-ahead log is copied into the database file every CHECKPOINT_SECONDS by `keep_log_short`, a task of
+# SQLite's write-ahead log is copied into the database file every CHECKPOINT_SECONDS by `checkpoint_wal`, a task of
 # each serving process; a commit copies it itself only past this many pages (SQLite's default, 1,000, made the
 # commit that crossed it, the request log's under load, take up to 0.8 s), should that task not keep up.
 CHECKPOINT_SECONDS = 1.0
@@ -183,12 +183,12 @@ class Database:
         finally:
             await engine.dispose()
 
-    async def keep_log_short(self, interval: float = CHECKPOINT_SECONDS) -> None:
-        """SQLite: every `interval`, copy what the write-ahead log holds into the database file, from a connection
-        of its own and off every writer's path; runs until cancelled. PASSIVE: what no reader still needs, waiting
-        for no one (another process copying at the same moment is not waited for either)."""
+    async def checkpoint_wal(self, every: float = CHECKPOINT_SECONDS) -> None:
+        """SQLite: every `every` seconds, copy what the write-ahead log holds into the database file, from a
+        connection of its own and off every writer's path; runs until cancelled. PASSIVE: what no reader still
+        needs, waiting for no one (another process copying at the same moment is not waited for either)."""
         while True:
-            await asyncio.sleep(interval)
+            await asyncio.sleep(every)
             try:
                 async with self.engine.connect() as connection:
                     # The driver's own connection: SQLAlchemy would open a transaction first.
