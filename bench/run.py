@@ -432,8 +432,7 @@ def render(
         "- SSE time to first byte, median of 200 (new connection each; the systems' samples taken in turn), warm "
         "(right after a request through the same system, as on a gateway serving traffic) and cold (after idling "
         "through the other systems' 30 ms streams; a process that idled runs its next request two to four times "
-        "slower on this host): "
-        + ", ".join(f"{name} {warm[name]:.2f} and {cold[name]:.2f} ms" for name in warm),
+        "slower on this host): " + ", ".join(f"{name} {warm[name]:.2f} and {cold[name]:.2f} ms" for name in warm),
         "- peak RSS per worker (MB): "
         + "; ".join(f"{name}: {', '.join(f'{value:.0f}' for value in values)}" for name, values in peaks.items())
         + f" ({CLIENT_TOKEN}: that gateway also minted client tokens at 64 connections, through the admin API)",
