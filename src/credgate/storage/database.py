@@ -20,7 +20,7 @@ from sqlalchemy import URL, Connection, event, inspect, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError, InterfaceError, OperationalError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
-from sqlalchemy.pool import NullPool
+from sqlalchemy.pool import ConnectionPoolEntry, NullPool, PoolResetState
 
 from credgate.errors import StartupError
 from credgate.storage.repository import Repository
@@ -80,7 +80,10 @@ class Database:
         self._url, self._connect_args = parsed, dict(connect_args or {})
         if parsed.get_backend_name() == "postgresql" and parsed.get_driver_name() == "asyncpg":
             bounds = {"timeout": PG_CONNECT_TIMEOUT_SECONDS, "command_timeout": PG_COMMAND_TIMEOUT_SECONDS}
-        engine_options: dict[str, Any] = {} if self.is_sqlite else {"pool_timeout": POOL_TIMEOUT_SECONDS}
+        # SQLite: a connection given back is rolled back by _configure_sqlite's reset, only when a transaction is open.
+        engine_options: dict[str, Any] = (
+            {"pool_reset_on_return": None} if self.is_sqlite else {"pool_timeout": POOL_TIMEOUT_SECONDS}
+        )
         try:
             self.engine = create_async_engine(
                 parsed,
@@ -375,6 +378,14 @@ def _configure_sqlite(engine: Any) -> None:
         ):
             cursor.execute(f"PRAGMA {pragma}")
         cursor.close()
+
+    @event.listens_for(engine, "reset")
+    def _on_reset(dbapi_connection: Any, record: ConnectionPoolEntry, state: PoolResetState) -> None:
+        # A committed transaction's connection comes back with none open (sqlite3 knows, without asking aiosqlite's
+        # thread): a rollback would be one round trip to that thread, of the eight a request log's write makes.
+        driver = record.driver_connection
+        if state.asyncio_safe and not state.terminate_only and driver is not None and driver.in_transaction:
+            dbapi_connection.rollback()
 
     @event.listens_for(engine, "begin")
     def _on_begin(connection: Connection) -> None:
