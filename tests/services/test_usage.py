@@ -103,7 +103,7 @@ async def test_a_flush_under_way_when_the_recorder_stops_still_writes_its_batch(
 
 
 async def test_every_field_is_stored_as_recorded_whatever_its_characters(ctx: Context) -> None:
-    """On SQLite the batch travels as statements of 64 rows, the last padded with rows of NULLs that are left out
+    """On SQLite the batch travels as statements of 60 rows, the last padded with rows of NULLs that are left out
     (repository.insert_request_records): 502 records are 502 rows, and nothing of a value may be lost or changed on
     the way, not a microsecond, a quote, a backslash, a large count nor a None."""
     project, _ = await projects.create_project(ctx, name="p", actor="t")

@@ -35,8 +35,8 @@ _REQUEST_RECORDS = cast(Table, RequestRecord.__table__)
 _RECORD_COLUMNS = [column for column in _REQUEST_RECORDS.columns if column.name != "id"]
 # SQLite: INSERT … SELECT from a VALUES list of _SQLITE_RECORDS_A_STATEMENT rows, the last one of a batch padded with
 # rows of NULLs that the WHERE leaves out; one shape, so that each connection prepares one statement (0.2 MB; one of
-# 512 rows takes 1.7 MB).
-_SQLITE_RECORDS_A_STATEMENT = 64
+# 512 rows takes 1.7 MB). 60 rows are 960 values, within the 999 an SQLite older than 3.32 binds at most.
+_SQLITE_RECORDS_A_STATEMENT = 60
 _SQLITE_NAMES = ", ".join(column.name for column in _RECORD_COLUMNS)
 _SQLITE_VALUES = ", ".join([f"({', '.join('?' * len(_RECORD_COLUMNS))})"] * _SQLITE_RECORDS_A_STATEMENT)
 _SQLITE_RECORDS_INSERT = (  # our own names: nothing from outside is in the text
@@ -290,7 +290,7 @@ class Repository:
     async def insert_request_records(self, rows: Sequence[Mapping[str, object]]) -> None:
         """The rows in one statement, executed many: no ORM objects, nor the ORM's bulk path, on the proxy's event loop.
 
-        PostgreSQL: a Core INSERT, executed many. SQLite: the rows' values bound, 64 rows a statement, executed
+        PostgreSQL: a Core INSERT, executed many. SQLite: the rows' values bound, 60 rows a statement, executed
         many. SQLite's executemany steps once per parameter set, handing the GIL back and forth with the event loop
         each time: a set a row made 5,000 rows take 2.5 s instead of 30 ms under load, and the pending records
         piled up (bench/sustained.py). One JSON document unpacked by `json_each` took one step, but SQLite parsed
