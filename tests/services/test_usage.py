@@ -143,6 +143,12 @@ async def test_every_field_is_stored_as_recorded_whatever_its_characters(ctx: Co
     assert (newest.prompt_tokens, newest.completion_tokens, newest.admitted) == (None, None, False)
 
 
+async def test_writing_no_records_is_no_statement(ctx: Context) -> None:
+    """An executemany of no rows is an error (SQLite, asyncpg): none is made."""
+    async with ctx.database.transaction() as repo:
+        await repo.insert_request_records([])
+
+
 async def test_a_full_backlog_drops_the_oldest_and_counts_them(ctx: Context) -> None:
     recorder = UsageRecorder(ctx, max_pending=2)
     before = REGISTRY.get_sample_value("credgate_request_records_dropped_total") or 0
