@@ -144,7 +144,7 @@ async def test_every_field_is_stored_as_recorded_whatever_its_characters(ctx: Co
 
 
 async def test_writing_no_records_is_no_statement(ctx: Context) -> None:
-    """An executemany of no rows is an error (SQLite, asyncpg): none is made."""
+    """No records, no statement (the SQLite insert, padded to its rows a statement, failed on none)."""
     async with ctx.database.transaction() as repo:
         await repo.insert_request_records([])
 
