@@ -161,6 +161,10 @@ def extract_usage(content_type: str, head: bytes, tail: bytes, *, content_encodi
     head = _inflate(head, content_encoding)
     tail = b"" if content_encoding else tail  # a compressed tail cannot be read on its own
     if content_type.startswith("application/json"):
+        if tail:  # the body went on past its kept head, which no parse can take whole: its end is read first
+            found = _usage_at_end(head, tail)
+            if found.prompt is not None or found.completion is not None:
+                return found
         try:
             return _usage_of(json.loads(head))
         except ValueError:
