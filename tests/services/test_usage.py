@@ -218,6 +218,15 @@ def test_tokens_are_read_from_the_end_of_a_body_too_long_to_keep(monkeypatch: py
     assert parsed == []
 
 
+def test_the_model_of_a_body_too_long_to_keep_is_read_where_it_is() -> None:
+    """Near the start, or (an embeddings answer's) after the data, just before the usage: priced either way."""
+    head = b'{"object": "list", "data": [{"object": "embedding", "embedding": [' + b"0.1," * 20_000
+    tail = b'0.2]}], "model": "text-embedding-3-small", "usage": {"prompt_tokens": 8, "total_tokens": 8}}'
+    assert tuple(usage.extract_usage("application/json", head, tail)) == (8, None, "text-embedding-3-small")
+    named_first = b'{"model": "m-1", "data": [' + b"0.1," * 20_000
+    assert usage.extract_usage("application/json", named_first, tail).model == "m-1"
+
+
 def test_a_whole_body_followed_by_no_usage_is_still_parsed() -> None:
     """A body whose kept head is the whole document, and whose last chunk brings only white space."""
     head = b'{"model": "m", "usage": {"prompt_tokens": 3, "completion_tokens": 2}}'

@@ -29,7 +29,7 @@ COUNTED_CONTENT_TYPES = ("application/json", "text/event-stream")
 _MAX_INFLATED_BYTES = 1024 * 1024
 _TOKEN_TOUCH_RESOLUTION = timedelta(minutes=1)
 _PRUNE_INTERVAL_SECONDS = 3600
-_MODEL_NEAR_START = re.compile(rb'"model"\s*:\s*"([^"\\]{1,200})"')
+_MODEL_FIELD = re.compile(rb'"model"\s*:\s*"([^"\\]{1,200})"')
 
 
 @dataclass(slots=True)
@@ -142,10 +142,13 @@ def _inflate(body: bytes, encoding: str) -> bytes:
 
 def _usage_at_end(head: bytes, tail: bytes) -> Usage:
     """The `usage` object near the end of a JSON body too long to keep whole (embeddings, say); the model from
-    near its start."""
-    found = _MODEL_NEAR_START.search(head[:4096])
-    model = _model_of({"model": found.group(1).decode("utf-8", "replace")}) if found else None
+    near its start, else from just before that object (where an embeddings answer names it, after its data)."""
     start = tail.rfind(b'"usage"')
+    found = _MODEL_FIELD.search(head[:4096])
+    if found is None and start > 0:
+        named = list(_MODEL_FIELD.finditer(tail, max(0, start - 512), start))
+        found = named[-1] if named else None
+    model = _model_of({"model": found.group(1).decode("utf-8", "replace")}) if found else None
     colon = tail.find(b":", start)
     if start < 0 or colon < 0:
         return Usage(model=model)
