@@ -218,6 +218,50 @@ def test_tokens_are_read_from_the_end_of_a_body_too_long_to_keep(monkeypatch: py
     assert parsed == []
 
 
+EMBEDDING = (
+    b'{"object": "list", "data": [{"object": "embedding", "index": 0, "embedding": [' + b"0.125," * 3000 + b"0.5]}]"
+)
+
+
+@pytest.mark.parametrize(
+    ("ending", "expected", "spared"),
+    [
+        # An embeddings answer's own ending, and with a member after the usage.
+        (b', "model": "emb-3", "usage": {"prompt_tokens": 8, "total_tokens": 8}}', (8, None, "emb-3"), True),
+        (b', "model": "emb-3", "usage": {"prompt_tokens": 8}, "created": 1}', (8, None, "emb-3"), True),
+        # Not the root's: nested, or overridden by a later key of the root's. The whole body is parsed instead.
+        (
+            b', "meta": {"model": "e", "usage": {"prompt_tokens": 99}}, "usage": {"prompt_tokens": 1}}',
+            (1, None, None),
+            False,
+        ),
+        (
+            b', "model": "emb-3", "usage": {"prompt_tokens": 8}, "usage": {"prompt_tokens": 2}}',
+            (2, None, "emb-3"),
+            False,
+        ),
+        (b', "model": "emb-3", "usage": {"prompt_tokens": 8}, "model": "emb-4"}', (8, None, "emb-4"), False),
+    ],
+)
+def test_a_long_whole_body_is_read_as_a_parse_of_it_would(
+    ending: bytes, expected: tuple[int | None, int | None, str | None], spared: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From its closing `model` and `usage` alone when they are the root's (a parse of 18 KB of numbers spared);
+    else by the parse."""
+    body = EMBEDDING + ending
+    assert usage._usage_of(json.loads(body)) == expected
+    parsed: list[int] = []
+    loads = json.loads
+
+    def counted(text: str | bytes, **options: Any) -> Any:
+        parsed.append(len(text))
+        return loads(text, **options)
+
+    monkeypatch.setattr(json, "loads", counted)
+    assert tuple(usage.extract_usage("application/json", body, b"")) == expected
+    assert (len(body) in parsed) is not spared
+
+
 def test_the_model_of_a_body_too_long_to_keep_is_read_where_it_is() -> None:
     """Near the start, or (an embeddings answer's) after the data, just before the usage: priced either way."""
     head = b'{"object": "list", "data": [{"object": "embedding", "embedding": [' + b"0.1," * 20_000

@@ -30,6 +30,9 @@ _MAX_INFLATED_BYTES = 1024 * 1024
 _TOKEN_TOUCH_RESOLUTION = timedelta(minutes=1)
 _PRUNE_INTERVAL_SECONDS = 3600
 _MODEL_FIELD = re.compile(rb'"model"\s*:\s*"([^"\\]{1,200})"')
+# A key `model` with a name, then a key `usage`: neighbours in one object (a JSON string holds no bare quote).
+_MODEL_THEN_USAGE = re.compile(rb'"model"\s*:\s*"([^"\\]{1,200})"\s*,\s*"usage"\s*:')
+_LONG_JSON_BYTES = 8192  # under this, a whole body is parsed: a few µs
 
 
 @dataclass(slots=True)
@@ -159,6 +162,27 @@ def _usage_at_end(head: bytes, tail: bytes) -> Usage:
     return _usage_of({"usage": usage, "model": model})
 
 
+def _closing_usage(body: bytes) -> Usage | None:
+    """The usage and model of a whole JSON body that ends with its root's `"model": …, "usage": {…}` (an
+    embeddings answer's shape), read without parsing the numbers before them (0.5 ms for one embedding of 1,536);
+    None when it does not end so. They are the root's own: neighbours, and what follows the usage (parsed as an
+    object's members) closes one object and the body, with no second `model` or `usage` of the root's."""
+    ends = list(_MODEL_THEN_USAGE.finditer(body, max(0, len(body) - 4096)))
+    if not ends:
+        return None
+    found = ends[-1]
+    try:
+        text = body[found.end() :].decode("utf-8").lstrip()
+        usage, end = json.JSONDecoder().raw_decode(text)
+        rest = json.loads("{" + text[end:].lstrip().removeprefix(","))
+        model = found.group(1).decode("utf-8")
+    except ValueError:  # UnicodeDecodeError included
+        return None
+    if not isinstance(rest, dict) or "model" in rest or "usage" in rest:
+        return None
+    return _usage_of({"usage": usage, "model": model})
+
+
 def extract_usage(content_type: str, head: bytes, tail: bytes, *, content_encoding: str = "") -> Usage:
     """Tokens and model of a response, from its JSON body or its server-sent events."""
     head = _inflate(head, content_encoding)
@@ -168,6 +192,8 @@ def extract_usage(content_type: str, head: bytes, tail: bytes, *, content_encodi
             found = _usage_at_end(head, tail)
             if found.prompt is not None or found.completion is not None:
                 return found
+        elif len(head) > _LONG_JSON_BYTES and (closing := _closing_usage(head)) is not None:
+            return closing
         try:
             return _usage_of(json.loads(head))
         except ValueError:
