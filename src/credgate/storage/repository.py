@@ -295,9 +295,9 @@ class Repository:
         each time: a set a row made 5,000 rows take 2.5 s instead of 30 ms under load, and the pending records
         piled up (bench/sustained.py). One JSON document unpacked by `json_each` took one step, but SQLite parsed
         each row's JSON again for each of its 16 columns: 11 µs a row against 6."""
-        dialect = self._session.get_bind().dialect
         if not rows:
             return
+        dialect = self._session.get_bind().dialect
         if dialect.name != "sqlite":
             await self._session.execute(insert(_REQUEST_RECORDS), list(rows))
             return
