@@ -382,7 +382,7 @@ def _configure_sqlite(engine: Any) -> None:
     @event.listens_for(engine, "reset")
     def _on_reset(dbapi_connection: Any, record: ConnectionPoolEntry, state: PoolResetState) -> None:
         # A committed transaction's connection comes back with none open (sqlite3 knows, without asking aiosqlite's
-        # thread): a rollback would be one round trip to that thread, of the eight a request log's write makes.
+        # thread): a rollback would be one round trip to that thread, one of the eight a request log's write made.
         driver = record.driver_connection
         if state.asyncio_safe and not state.terminate_only and driver is not None and driver.in_transaction:
             dbapi_connection.rollback()
