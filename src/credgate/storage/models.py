@@ -1,6 +1,7 @@
 """The ORM models. A row is never an API schema: secrets live only as ciphertext, in `ProviderKey` and, for a few
 minutes, in the panel state of an `AdminSession`."""
 
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, ClassVar
 
@@ -44,10 +45,26 @@ class UTCDateTime(TypeDecorator[datetime]):
         value = value.astimezone(UTC)
         return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
 
+    def bind_processor(self, dialect: Dialect) -> Callable[[datetime | None], Any] | None:
+        if dialect.name == "sqlite":
+            return _sqlite_text
+        return super().bind_processor(dialect)
+
     def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
         if value is None:
             return None
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def _sqlite_text(value: datetime | None) -> str | None:
+    """The text SQLite's DATETIME stores for a moment (naive UTC, microseconds always written), as process_bind_param
+    then SQLAlchemy's formatting make it, in half their time: the request log binds one a row."""
+    if value is None:
+        return None
+    if value.tzinfo is None:
+        raise ValueError("naive datetimes are not stored")
+    moment = value if value.tzinfo is UTC else value.astimezone(UTC)
+    return moment.isoformat(" ", "microseconds")[:-6]  # without its "+00:00"
 
 
 class Base(DeclarativeBase):
