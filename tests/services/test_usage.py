@@ -251,13 +251,13 @@ def test_a_long_whole_body_is_read_as_a_parse_of_it_would(
     body = EMBEDDING + ending
     assert usage._usage_of(json.loads(body)) == expected
     parsed: list[int] = []
-    loads = json.loads
+    whole = usage._parsed
 
-    def counted(text: str | bytes, **options: Any) -> Any:
-        parsed.append(len(text))
-        return loads(text, **options)
+    def counted(document: bytes) -> object:
+        parsed.append(len(document))
+        return whole(document)
 
-    monkeypatch.setattr(json, "loads", counted)
+    monkeypatch.setattr(usage, "_parsed", counted)
     assert tuple(usage.extract_usage("application/json", body, b"")) == expected
     assert (len(body) in parsed) is not spared
 
@@ -312,6 +312,7 @@ def test_capture_only_counts_a_body_whose_usage_is_not_read() -> None:
         (b'{"model": 42, "usage": {"prompt_tokens": -5, "completion_tokens": true}}', (None, None, None)),
         (b'{"usage": {"prompt_tokens": 2147483648, "completion_tokens": 1' + b"0" * 400 + b"}}", (None, None, None)),
         (b'{"model": "' + b"m" * 300 + b'"}', (None, None, "m" * 200)),
+        (b'{"usage": {"prompt_tokens": 1' + b"0" * 30 + b', "completion_tokens": 1.0}}', (None, None, None)),
     ],
 )
 def test_the_model_and_counts_are_taken_only_when_they_are_what_they_claim(
@@ -352,3 +353,35 @@ async def test_sqlite_s_log_is_copied_into_the_database_file_by_a_task_of_its_ow
             await asyncio.gather(copying, return_exceptions=True)
     finally:
         await ctx.database.dispose()
+
+
+@pytest.mark.parametrize(
+    "document",
+    [
+        b'{"model": "gpt-4o", "usage": {"prompt_tokens": 9, "completion_tokens": 3}}',
+        b' \r\n{"usage": {"input_tokens": 7}}\r\n',  # an event's data after "data:", and CRLF lines
+        b'{"usage": {"prompt_tokens": NaN, "completion_tokens": Infinity}}',  # json reads these; orjson does not
+        b'{"model": "\\ud800"}',  # a lone surrogate
+        '{"model": "é", "usage": {"prompt_tokens": 4}}'.encode("utf-16"),
+        '{"model": "名前"}'.encode(),
+    ],
+)
+def test_a_document_is_read_as_json_reads_it(document: bytes) -> None:
+    assert repr(usage._parsed(document)) == repr(json.loads(document))
+
+
+def test_a_document_json_cannot_read_is_refused_as_json_refuses_it() -> None:
+    for document in (b"not json", b"[DONE]", b'{"usage": {'):
+        with pytest.raises(json.JSONDecodeError):
+            usage._parsed(document)
+
+
+def test_a_plain_answer_and_its_events_are_read_without_json(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refused(document: object) -> object:
+        raise AssertionError("read by json")
+
+    monkeypatch.setattr(json, "loads", refused)
+    body = b'{"model": "gpt-4o", "usage": {"prompt_tokens": 9, "completion_tokens": 3}}'
+    assert tuple(usage.extract_usage("application/json", body, b"")) == (9, 3, "gpt-4o")
+    events = b'data: {"model": "gpt-4o"}\r\n\r\ndata: {"usage": {"prompt_tokens": 5, "completion_tokens": 2}}\r\n\r\n'
+    assert tuple(usage.extract_usage("text/event-stream", events, b"")) == (5, 2, "gpt-4o")
