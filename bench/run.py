@@ -164,6 +164,13 @@ def first_bytes_ms(systems: list["System"], token: str, samples: int) -> FirstBy
     )
 
 
+def _command_line(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:  # gone since the list was read
+        return b""
+
+
 @dataclass
 class System:
     """One system under test: how to start it (None: the upstream itself), where to send the load, and its SSE
@@ -187,8 +194,9 @@ class System:
         if self.process is None:
             return []
         children = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children").read_text().split()
-        # multiprocessing's resource tracker is a child too, but serves nothing
-        workers = [int(pid) for pid in children if b"resource_tracker" not in Path(f"/proc/{pid}/cmdline").read_bytes()]
+        # Workers are spawned by multiprocessing. Its resource tracker is a child too, but serves nothing; so does
+        # a child a library ran and that has not been reaped yet (it once made a single process's CPU time 0).
+        workers = [int(pid) for pid in children if b"spawn_main" in _command_line(int(pid))]
         return workers or [self.process.pid]
 
     def cpu_seconds(self) -> float:
