@@ -4,6 +4,7 @@ import asyncio
 import contextlib
 import gzip
 import json
+import random
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -385,3 +386,69 @@ def test_a_plain_answer_and_its_events_are_read_without_json(monkeypatch: pytest
     assert tuple(usage.extract_usage("application/json", body, b"")) == (9, 3, "gpt-4o")
     events = b'data: {"model": "gpt-4o"}\r\n\r\ndata: {"usage": {"prompt_tokens": 5, "completion_tokens": 2}}\r\n\r\n'
     assert tuple(usage.extract_usage("text/event-stream", events, b"")) == (5, 2, "gpt-4o")
+
+
+def _every_event_read(head: bytes, tail: bytes) -> usage.Usage:
+    """The reference: each event of the stream parsed in turn (what the recorder did before it read only those
+    that name a usage or a model)."""
+    found = usage.Usage()
+    for chunk in (head, tail):
+        for line in chunk.split(b"\n"):
+            if line.startswith(b"data:"):
+                try:
+                    found = found.over(usage._usage_of(json.loads(line[5:])))
+                except ValueError:
+                    continue
+    return found
+
+
+_EVENTS = [
+    b'data: {"model": "gpt-4o-mini", "choices": [{"delta": {"content": "Hi"}}]}',
+    b'data: {"model": "gpt-4o", "choices": [{"delta": {"content": "the \\"usage\\" of \\"model\\""}}]}',
+    b'data: {"model": "gpt-4o-mini", "choices": [], "usage": {"prompt_tokens": 12, "completion_tokens": 40}}',
+    b'data: {"model": "a\\u0000b", "usage": {"prompt_tokens": 3}}',  # no model name: a NUL
+    b'data: {"model": "", "choices": []}',
+    b'data: {"model": 42}',
+    b'data: {"type": "message_start", "message": {"model": "claude-3-5-haiku", "usage": {"input_tokens": 9}}}',
+    b'data: {"type": "content_block_delta", "delta": {"text": "words"}}',
+    b'data: {"type": "message_delta", "usage": {"output_tokens": 30}}',
+    b'data: {"usage": null, "model": "m2"}',
+    b'data: {"usage": {"prompt_tokens": 1.5, "completion_tokens": -1}}',
+    b'data: {"usage": {"prompt_tokens": 7}',  # cut short
+    b"data: [DONE]",
+    b'data:{"model":"tight","usage":{"completion_tokens":5}}',
+    b"event: message_delta",
+    b': a comment naming "usage" and "model"',
+    b"",
+    b'data: ["model", "usage"]',
+    b'data: "usage"',
+]
+
+
+@pytest.mark.parametrize("seed", range(300))
+def test_a_stream_reads_as_if_every_event_were_read(seed: int) -> None:
+    rng = random.Random(seed)  # noqa: S311 - streams made up for a test, not a secret
+    lines = [rng.choice(_EVENTS) for _ in range(rng.randint(0, 12))]
+    body = b"".join(line + rng.choice([b"\n", b"\n\n", b"\r\n\r\n", b"\r\n"]) for line in lines)
+    cut = rng.randint(0, len(body))  # the tail starts anywhere, mid-line too
+    head, tail = body[:cut], body[cut:] if rng.random() < 0.5 else b""
+    expected = _every_event_read(head, tail)
+    assert usage.extract_usage("text/event-stream", head, tail) == expected
+
+
+def test_a_long_stream_parses_only_the_events_that_name_a_usage_or_a_model_it_needs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    delta = b'data: {"model": "gpt-4o-mini", "choices": [{"delta": {"content": "word "}}]}\n\n'
+    closing = b'data: {"model": "gpt-4o-mini", "choices": [], "usage": {"prompt_tokens": 12, "completion_tokens": 400}}'
+    body = delta * 400 + closing + b"\n\ndata: [DONE]\n\n"
+    parsed: list[bytes] = []
+    whole = usage._parsed
+
+    def counted(document: bytes) -> object:
+        parsed.append(document)
+        return whole(document)
+
+    monkeypatch.setattr(usage, "_parsed", counted)
+    assert tuple(usage.extract_usage("text/event-stream", body, b"")) == (12, 400, "gpt-4o-mini")
+    assert len(parsed) == 2  # the usage event, forwards, then backwards, for its model

