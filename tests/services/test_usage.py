@@ -422,6 +422,11 @@ _EVENTS = [
     b"",
     b'data: ["model", "usage"]',
     b'data: "usage"',
+    b'data: {"model": "gpt-4o", "choices": [], "usage": null}',  # OpenAI's, asked for usage in the stream
+    b'data: {"usage" : null, "message": {"usage": {"input_tokens": 4}}}',  # a null usage, then a real one
+    b'data: {"message": {"usage": null}, "usage":null, "model": "m3"}',
+    b'data: {"usage": nullx}',
+    b'data: {"usage": {"prompt_tokens": 5, "completion_tokens": 6}, "choices": null}',  # null, but not its usage
 ]
 
 
@@ -439,7 +444,8 @@ def test_a_stream_reads_as_if_every_event_were_read(seed: int) -> None:
 def test_a_long_stream_parses_only_the_events_that_name_a_usage_or_a_model_it_needs(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    delta = b'data: {"model": "gpt-4o-mini", "choices": [{"delta": {"content": "word "}}]}\n\n'
+    # As OpenAI streams when asked for usage in the stream: a null usage in every event but the last.
+    delta = b'data: {"model": "gpt-4o-mini", "choices": [{"delta": {"content": "word "}}], "usage": null}\n\n'
     closing = b'data: {"model": "gpt-4o-mini", "choices": [], "usage": {"prompt_tokens": 12, "completion_tokens": 400}}'
     body = delta * 400 + closing + b"\n\ndata: [DONE]\n\n"
     parsed: list[bytes] = []
