@@ -3,13 +3,13 @@ DATETIME would write, so that values written before and after compare as text in
 
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta, timezone
-from pathlib import Path
 from zoneinfo import ZoneInfo
 
 import pytest
 from sqlalchemy import DateTime
 from sqlalchemy.dialects import postgresql, sqlite
 
+from credgate.services.usage import ProxiedRequest, _record_of
 from credgate.storage import Database
 from credgate.storage.models import UTCDateTime
 
@@ -42,40 +42,21 @@ def test_a_naive_moment_is_refused_and_none_is_null_on_every_backend() -> None:
         assert bind(None) is None
 
 
-async def test_a_request_log_moment_reads_back_in_utc_and_bounds_queries_to_the_microsecond(tmp_path: Path) -> None:
-    database = Database(f"sqlite+aiosqlite:///{tmp_path / 'credgate.db'}")
-    await database.upgrade()
-    try:
-        paris = ZoneInfo("Europe/Paris")
-        at = datetime(2026, 6, 1, 12, 0, 0, 500, tzinfo=paris)
-        row = dict(
-            at=at,
-            project_id="p",
-            request_id="r",
-            method="POST",
-            provider="openai",
-            endpoint="chat/completions",
-            status=200,
-            duration_ms=1.0,
-            request_bytes=1,
-            response_bytes=1,
-            prompt_tokens=None,
-            completion_tokens=None,
-            model=None,
-            cost_micros=None,
-            admitted=True,
-            subject=None,
-        )
-        async with database.transaction() as repo:
-            await repo.insert_request_records([row])
-        microsecond = timedelta(microseconds=1)
-        async with database.transaction(write=False) as repo:
-            (record,) = await repo.list_request_records("p", limit=10)
-            within = await repo.usage_totals("p", since=at, until=at + microsecond, group_by=None)
-            before = await repo.usage_totals("p", since=at - microsecond, until=at, group_by=None)
-        assert record.at == at
-        assert record.at.tzinfo is UTC
-        assert [row.requests for row in within] == [1]
-        assert sum(row.requests for row in before) == 0
-    finally:
-        await database.dispose()
+async def test_a_request_log_moment_reads_back_in_utc_and_bounds_queries_to_the_microsecond(
+    sqlite_database: Database,
+) -> None:
+    at = datetime(2026, 6, 1, 12, 0, 0, 500, tzinfo=ZoneInfo("Europe/Paris"))
+    request = ProxiedRequest(
+        at=at, project_id="p", token_hash="", request_id="r", method="POST", provider="openai", endpoint="x"
+    )
+    async with sqlite_database.transaction() as repo:
+        await repo.insert_request_records([_record_of(request)])
+    microsecond = timedelta(microseconds=1)
+    async with sqlite_database.transaction(write=False) as repo:
+        (record,) = await repo.list_request_records("p", limit=10)
+        within = await repo.usage_totals("p", since=at, until=at + microsecond, group_by=None)
+        before = await repo.usage_totals("p", since=at - microsecond, until=at, group_by=None)
+    assert record.at == at
+    assert record.at.tzinfo is UTC
+    assert [row.requests for row in within] == [1]
+    assert sum(row.requests for row in before) == 0

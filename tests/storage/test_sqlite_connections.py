@@ -1,8 +1,6 @@
 """The SQLite file's connections: given back to the pool rolled back only when a transaction is still open."""
 
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -10,14 +8,6 @@ from sqlalchemy import text
 from sqlalchemy.dialects.sqlite.aiosqlite import AsyncAdapt_aiosqlite_connection
 
 from credgate.storage import Database
-
-
-@pytest.fixture
-async def database(tmp_path: Path) -> AsyncIterator[Database]:
-    database = Database(f"sqlite+aiosqlite:///{tmp_path / 'credgate.db'}")
-    await database.upgrade()
-    yield database
-    await database.dispose()
 
 
 @pytest.fixture
@@ -35,28 +25,28 @@ def rollbacks(monkeypatch: pytest.MonkeyPatch) -> list[object]:
 
 
 async def test_a_committed_transaction_gives_its_connection_back_without_a_rollback(
-    database: Database, rollbacks: list[object]
+    sqlite_database: Database, rollbacks: list[object]
 ) -> None:
     for _ in range(3):
-        async with database.transaction() as repo:
+        async with sqlite_database.transaction() as repo:
             await repo.delete_request_records(before=datetime.now(UTC))
-        async with database.transaction(write=False) as repo:
+        async with sqlite_database.transaction(write=False) as repo:
             await repo.list_request_records("prj_none", limit=1)
     assert rollbacks == []
 
 
 async def test_a_connection_given_back_in_a_transaction_is_rolled_back(
-    database: Database, rollbacks: list[object]
+    sqlite_database: Database, rollbacks: list[object]
 ) -> None:
     """Begun on the driver's connection, behind SQLAlchemy's back, so that only the pool's reset can end it: the
     row is not kept, and the next write transaction begins (on this connection, SQLite would refuse a BEGIN inside
     a transaction; on another, it would wait for the write lock, then fail)."""
-    async with database.engine.connect() as connection:
+    async with sqlite_database.engine.connect() as connection:
         driver: Any = (await connection.get_raw_connection()).driver_connection
         await driver.execute("BEGIN IMMEDIATE")
         await driver.execute("INSERT INTO meta (name, value) VALUES ('left', 'open')")
     assert len(rollbacks) == 1
-    async with database.transaction() as repo:
+    async with sqlite_database.transaction() as repo:
         await repo.delete_request_records(before=datetime.now(UTC))
-    async with database.engine.connect() as connection:
+    async with sqlite_database.engine.connect() as connection:
         assert (await connection.scalar(text("SELECT count(*) FROM meta WHERE name = 'left'"))) == 0
