@@ -1,7 +1,9 @@
 """Prices and budget periods, pure: the first matching price line, costs in whole micro-dollars rounded up, UTC
 calendar periods whose counters never collide."""
 
+import random
 from datetime import UTC, datetime, timedelta, timezone
+from zoneinfo import ZoneInfo
 
 from credgate.spending import BudgetRule, Price, cost_micros, price_of
 
@@ -36,6 +38,22 @@ def test_periods_are_utc_calendar_days_and_months_and_their_counters_never_colli
     assert daily.counter(first) != monthly.counter(first)  # the same start, another period
     assert daily.counter(first) != daily.counter(first + timedelta(days=1))
     assert monthly.counter(first) == monthly.counter(first + timedelta(days=20))
+
+
+def test_a_counter_is_named_after_its_windows_start_as_every_version_of_the_gateway_names_it() -> None:
+    """Workers and instances of several versions count in the same Redis keys: the name must not change."""
+    daily = BudgetRule("bud_x", "tokens", "day", 10)
+    monthly = BudgetRule("bud_x", "tokens", "month", 10, per_subject=True).for_subject("user-42")
+    late = datetime(2026, 12, 31, 23, 30, tzinfo=timezone(timedelta(hours=-5)))
+    assert daily.counter(late) == "bud_x:day:2027-01-01"
+    assert monthly.counter(late) == "bud_x:month:2027-01-01:e7e636470e1230e25d107d62"
+    moments = random.Random(7)  # noqa: S311 - moments made up for a test, not a secret
+    zones = (UTC, ZoneInfo("Europe/Paris"), ZoneInfo("Pacific/Kiritimati"), timezone(timedelta(hours=-11)))
+    for _ in range(2_000):
+        at = datetime.fromtimestamp(moments.uniform(0, 4_200_000_000), moments.choice(zones))
+        for rule in (daily, monthly):
+            named = rule.counter(at) if rule.subject is None else rule.counter(at).rpartition(":")[0]
+            assert named == f"{rule.id}:{rule.period}:{rule.window(at)[0]:%Y-%m-%d}", at
 
 
 def test_a_budget_describes_itself_and_charges_what_its_metric_counts() -> None:

@@ -451,7 +451,7 @@ class ProxyApp:
         if not rules:  # only budgets per end user, and a request made for none
             return
         try:
-            async with asyncio.timeout(LOOKUP_TIMEOUT_SECONDS):  # a counter may start from the request log
+            with self.deadlines.within(LOOKUP_TIMEOUT_SECONDS):  # a counter may start from the request log
                 spent = await self.budgets.admit(access.project_id, rules, record.at)
         except Exception as error:
             if not isinstance(error, StorageUnavailable | TimeoutError):
