@@ -83,6 +83,34 @@ async def test_the_admissions_of_one_turn_share_one_round_trip_and_are_judged_in
             await fleet.close()
 
 
+async def test_a_turn_names_each_counter_once_and_judges_each_admission_by_its_own_budgets(
+    fleets: list[Fleet],
+) -> None:
+    held = BudgetRule(id="bud_held", metric="tokens", period="month", amount=1000, reserve=300)
+    daily = BudgetRule(id="bud_daily", metric="requests", period="day", amount=2)
+    counters = SharedBudgets(fleets[0], LocalBudgets(RequestLog()), RequestLog())
+    for project, rules in (("p1", [REQUESTS, held]), ("p2", [daily])):  # seeded: each holds one admission
+        assert await counters.admit(project, rules, AT) is None
+    sent: list[tuple[int, int]] = []
+    script = counters._admit
+
+    async def counting(*, keys: list[str], args: list[str]) -> object:
+        sent.append((len(keys), len(args)))
+        return await script(keys=keys, args=args)
+
+    counters._admit = counting  # type: ignore[assignment]
+
+    answers = await asyncio.gather(
+        *(counters.admit(*(("p1", [REQUESTS, held]) if turn % 3 else ("p2", [daily])), AT) for turn in range(9))
+    )
+
+    assert sent == [(3, 9)]  # three counters, named once for nine admissions
+    # p1: 300 held, then room for two more reserves of 300 (the third would make 1200); p2: room for one more.
+    assert answers == [None, None, None, daily, held, held, daily, held, held]
+    values = [fleets[1].redis.get(fleets[1].key("budget", rule.counter(AT))) for rule in (REQUESTS, held, daily)]
+    assert await asyncio.gather(*values) == [b"3", b"900", b"2"]  # a refused admission adds to none of its budgets
+
+
 async def script_calls(fleet: Fleet) -> int:
     stats = await fleet.redis.info("commandstats")
     return sum(int(stats.get(f"cmdstat_{name}", {}).get("calls", 0)) for name in ("evalsha", "eval"))
