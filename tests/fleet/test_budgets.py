@@ -111,6 +111,28 @@ async def test_a_turn_names_each_counter_once_and_judges_each_admission_by_its_o
     assert await asyncio.gather(*values) == [b"3", b"900", b"2"]  # a refused admission adds to none of its budgets
 
 
+async def test_a_batch_of_settlements_adds_each_counters_sum_in_one_argument(fleets: list[Fleet]) -> None:
+    held = BudgetRule(id="bud_held", metric="tokens", period="month", amount=10**6, reserve=300)
+    counters = SharedBudgets(fleets[0], LocalBudgets(RequestLog()), RequestLog())
+    for rule in (TOKENS, held):
+        assert await counters.admit("p1", [rule], AT) is None  # seeded: 0, and 300 held
+    sent: list[tuple[int, int]] = []
+    script = counters._settle
+
+    async def counting(*, keys: list[str], args: list[int]) -> object:
+        sent.append((len(keys), len(args)))
+        return await script(keys=keys, args=args)
+
+    counters._settle = counting  # type: ignore[assignment]
+    # A response that spent less than its reserve gives some back: charges may be negative.
+    counters.settle([(TOKENS, AT, 3), (held, AT, -120)] * 100 + [(held, AT, 50)])
+    await asyncio.sleep(0.1)
+
+    assert sent == [(2, 2)]
+    values = [fleets[1].redis.get(fleets[1].key("budget", rule.counter(AT))) for rule in (TOKENS, held)]
+    assert await asyncio.gather(*values) == [b"300", str(300 - 12_000 + 50).encode()]
+
+
 async def script_calls(fleet: Fleet) -> int:
     stats = await fleet.redis.info("commandstats")
     return sum(int(stats.get(f"cmdstat_{name}", {}).get("calls", 0)) for name in ("evalsha", "eval"))

@@ -123,9 +123,19 @@ async def test_the_checks_of_one_turn_share_one_round_trip_and_each_still_counts
     fleet, limiter = private
     assert await limiter.check("warm", 10) == 0  # the script loaded, a connection open
     before = await script_calls(fleet)
-    waits = await asyncio.gather(*(limiter.check(f"p{turn % 2}", 30) for turn in range(100)))
+    sent: list[tuple[int, int]] = []
+    script = limiter._script
+
+    async def counting(*, keys: list[str], args: list[str]) -> object:
+        sent.append((len(keys), len(args)))
+        return await script(keys=keys, args=args)
+
+    limiter._script = counting  # type: ignore[assignment]
+    waits = await asyncio.gather(*(limiter.check(f"p{turn % 2}", 30 + turn % 2) for turn in range(100)))
     assert await script_calls(fleet) - before == 1  # not a hundred
-    assert sum(1 for wait in waits if wait == 0) == 60  # 30 for each project, counted in order
+    assert sent == [(2, 1)]  # each project's key once, the checks packed in one argument
+    # Counted in order, each by its project's own limit: 30 for p0 (the even turns), 31 for p1.
+    assert [turn for turn, wait in enumerate(waits) if wait == 0] == [*range(60), 61]
 
 
 async def test_a_redis_that_hangs_costs_one_wait_a_second_not_one_a_request(

@@ -201,12 +201,15 @@ class SharedBudgets:
         task.add_done_callback(self._settling.discard)
 
     async def _settle_shared(self, charges: Sequence[Charge]) -> None:
+        # Each counter once, with what the batch adds to it: two arguments for a batch of 512 responses against a
+        # tokens and a cost budget, not 2,048 (redis-py writes each in Python).
+        totals: dict[str, int] = {}
+        for rule, at, amount in charges:
+            key = self._fleet.key("budget", rule.counter(at))
+            totals[key] = totals.get(key, 0) + amount
         try:
             async with asyncio.timeout(ANSWER_TIMEOUT_SECONDS):
-                await self._settle(
-                    keys=[self._fleet.key("budget", rule.counter(at)) for rule, at, _ in charges],
-                    args=[amount for _, _, amount in charges],
-                )
+                await self._settle(keys=list(totals), args=list(totals.values()))
         except Exception as error:
             self._failed(error)
 

@@ -25,21 +25,24 @@ logger = logging.getLogger(__name__)
 
 LEASE_SECONDS = 30.0
 
-# KEYS[i] a project's set; ARGV[1] the lease in ms, then for each key its member and its cap. Returns, for each,
-# 1 when it took a place, else 0. Time is Redis's own clock, so instances whose clocks differ still agree.
+# KEYS are the projects' sets, each once; ARGV[1] the lease in ms, ARGV[2] the takes in order, each a set's index in
+# KEYS, its cap and the request's member ("1 8 a1b2:17 1 8 a1b2:18"): packed so, a turn of 20 requests sends 3
+# arguments instead of 41 (redis-py writes each in Python). Returns, for each take, 1 when it took a place, else 0.
+# Time is Redis's own clock, so instances whose clocks differ still agree.
 _TAKE = """
 local now = redis.call('TIME')
 local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
 local lease = tonumber(ARGV[1])
 local taken = {}
-for i, key in ipairs(KEYS) do
+for index, cap, member in string.gmatch(ARGV[2], '(%d+) (%d+) (%S+)') do
+  local key = KEYS[tonumber(index)]
   redis.call('ZREMRANGEBYSCORE', key, '-inf', now_ms)
-  if redis.call('ZCARD', key) < tonumber(ARGV[2 * i + 1]) then
-    redis.call('ZADD', key, now_ms + lease, ARGV[2 * i])
+  if redis.call('ZCARD', key) < tonumber(cap) then
+    redis.call('ZADD', key, now_ms + lease, member)
     redis.call('PEXPIRE', key, lease)
-    taken[i] = 1
+    taken[#taken + 1] = 1
   else
-    taken[i] = 0
+    taken[#taken + 1] = 0
   end
 end
 return taken
@@ -55,10 +58,11 @@ for i, key in ipairs(KEYS) do
 end
 return 0
 """
-# KEYS[i] a set, ARGV[i] a member of it whose request has ended.
+# KEYS are sets, each once; ARGV[1] the places given back, each a set's index in KEYS and a member of it whose
+# request has ended ("1 a1b2:17 1 a1b2:18").
 _RELEASE = """
-for i, key in ipairs(KEYS) do
-  redis.call('ZREM', key, ARGV[i])
+for index, member in string.gmatch(ARGV[1], '(%d+) (%S+)') do
+  redis.call('ZREM', KEYS[tonumber(index)], member)
 end
 return 0
 """
@@ -158,11 +162,10 @@ class SharedPlaces:
             self._returns.tell((asked[0], asked[1]))
 
     async def _call(self, takes: list[tuple[str, str, int]]) -> list[bool]:
-        args: list[int | str] = [self._lease_ms]
-        for _, member, cap in takes:
-            args += [member, cap]
+        keys: dict[str, int] = {}  # each set's index in KEYS, from 1
+        packed = " ".join(f"{keys.setdefault(key, len(keys) + 1)} {cap} {member}" for key, member, cap in takes)
         try:
-            taken = await self._take(keys=[key for key, _, _ in takes], args=args)
+            taken = await self._take(keys=list(keys), args=[self._lease_ms, packed])
         except BaseException:
             # A call that timed out may still have taken places, which its requests, counted here, do not hold.
             for key, member, _ in takes:
@@ -171,7 +174,9 @@ class SharedPlaces:
         return [bool(int(one)) for one in taken]
 
     async def _remove(self, places: list[tuple[str, str]]) -> list[None]:
-        await self._release(keys=[key for key, _ in places], args=[member for _, member in places])
+        keys: dict[str, int] = {}  # each set's index in KEYS, from 1
+        packed = " ".join(f"{keys.setdefault(key, len(keys) + 1)} {member}" for key, member in places)
+        await self._release(keys=list(keys), args=[packed])
         return [None] * len(places)
 
     def _keep_renewing(self) -> None:
