@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 from typing import TypeVar
 
-from credgate.fleet.fleet import ANSWER_TIMEOUT_SECONDS, RETRY_SECONDS, Fleet
+from credgate.fleet.fleet import ANSWER_TIMEOUT_SECONDS, RETRY_SECONDS, Fleet, ScriptKeys
 from credgate.fleet.turns import TurnBatch
 from credgate.outages import Outage
 from credgate.spending import BudgetRule, Charge
@@ -171,12 +171,9 @@ class SharedBudgets:
         Redis answers again)."""
         if self._outage.failing:
             await self._reconcile()
-        counters: dict[str, int] = {}  # each counter's index in KEYS, from 1
+        counters = ScriptKeys()
         packed = [
-            " ".join(
-                f"{counters.setdefault(key, len(counters) + 1)} {limit} {amount}" for key, limit, amount in budgets
-            )
-            for budgets in admissions
+            " ".join(f"{counters.of(key)} {limit} {amount}" for key, limit, amount in budgets) for budgets in admissions
         ]
         answered = await self._admit(keys=list(counters), args=packed)
         return [int(answer) for answer in answered]

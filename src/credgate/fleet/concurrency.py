@@ -17,7 +17,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Protocol
 
-from credgate.fleet.fleet import ANSWER_TIMEOUT_SECONDS, RETRY_SECONDS, Fleet
+from credgate.fleet.fleet import ANSWER_TIMEOUT_SECONDS, RETRY_SECONDS, Fleet, ScriptKeys
 from credgate.fleet.turns import TurnBatch
 from credgate.outages import Outage
 
@@ -162,8 +162,8 @@ class SharedPlaces:
             self._returns.tell((asked[0], asked[1]))
 
     async def _call(self, takes: list[tuple[str, str, int]]) -> list[bool]:
-        keys: dict[str, int] = {}  # each set's index in KEYS, from 1
-        packed = " ".join(f"{keys.setdefault(key, len(keys) + 1)} {cap} {member}" for key, member, cap in takes)
+        keys = ScriptKeys()
+        packed = " ".join(f"{keys.of(key)} {cap} {member}" for key, member, cap in takes)
         try:
             taken = await self._take(keys=list(keys), args=[self._lease_ms, packed])
         except BaseException:
@@ -174,8 +174,8 @@ class SharedPlaces:
         return [bool(int(one)) for one in taken]
 
     async def _remove(self, places: list[tuple[str, str]]) -> list[None]:
-        keys: dict[str, int] = {}  # each set's index in KEYS, from 1
-        packed = " ".join(f"{keys.setdefault(key, len(keys) + 1)} {member}" for key, member in places)
+        keys = ScriptKeys()
+        packed = " ".join(f"{keys.of(key)} {member}" for key, member in places)
         await self._release(keys=list(keys), args=[packed])
         return [None] * len(places)
 

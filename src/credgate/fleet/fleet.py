@@ -28,6 +28,15 @@ _KEY_ID = re.compile(r"key_[0-9a-f]{1,40}")
 _LISTEN_SECONDS = 1.0
 
 
+class ScriptKeys(dict[str, int]):
+    """The KEYS of one script call, each once, in the order first named. A call's packed argument writes `of(key)`,
+    a key's index there (from 1, as Lua counts), instead of the key: redis-py writes each argument in Python, and a
+    turn's requests mostly name the same few keys."""
+
+    def of(self, key: str) -> int:
+        return self.setdefault(key, len(self) + 1)
+
+
 class Fleet:
     """One process's connection to the Redis its gateway's instances share, under a namespace of their own (the
     database's id), so that several gateways may share one Redis."""

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Protocol
 
-from credgate.fleet.fleet import RETRY_SECONDS, Fleet
+from credgate.fleet.fleet import RETRY_SECONDS, Fleet, ScriptKeys
 from credgate.fleet.turns import TurnBatch
 from credgate.outages import Outage
 
@@ -108,8 +108,8 @@ class SharedRateLimiter:
         return self._local.acquire(project_id, rate_per_minute) if wait is None else wait
 
     async def _call(self, checks: list[tuple[str, int]]) -> list[float]:
-        keys: dict[str, int] = {}  # each key's index in KEYS, from 1
-        packed = " ".join(f"{keys.setdefault(key, len(keys) + 1)} {rate}" for key, rate in checks)
+        keys = ScriptKeys()
+        packed = " ".join(f"{keys.of(key)} {rate}" for key, rate in checks)
         answered = await self._script(keys=list(keys), args=[packed])
         return [int(wait_us) / 1_000_000 for wait_us in answered]
 
