@@ -98,3 +98,17 @@ def private_redis(directory: Path) -> Iterator[PrivateRedis]:
         yield server
     finally:
         server.stop()
+
+
+def calls_sent(owner: object, script: str) -> list[tuple[int, int]]:
+    """Note how many keys and arguments each call of `owner`'s script attribute `script` sends to Redis (what
+    redis-py writes one by one in Python), and pass the call on."""
+    sent: list[tuple[int, int]] = []
+    call = getattr(owner, script)
+
+    async def noting(*, keys: list[str], args: list[object]) -> object:
+        sent.append((len(keys), len(args)))
+        return await call(keys=keys, args=args)
+
+    setattr(owner, script, noting)
+    return sent

@@ -12,7 +12,7 @@ from credgate.fleet import Fleet, open_fleet
 from credgate.fleet.budgets import LocalBudgets, SharedBudgets
 from credgate.fleet.fleet import RETRY_SECONDS
 from credgate.spending import BudgetRule
-from tests.redis_server import private_redis, unique_namespace
+from tests.redis_server import calls_sent, private_redis, unique_namespace
 
 AT = datetime(2026, 11, 26, 12, 0, tzinfo=UTC)
 REQUESTS = BudgetRule(id="bud_requests", metric="requests", period="day", amount=50)
@@ -91,14 +91,7 @@ async def test_a_turn_names_each_counter_once_and_judges_each_admission_by_its_o
     counters = SharedBudgets(fleets[0], LocalBudgets(RequestLog()), RequestLog())
     for project, rules in (("p1", [REQUESTS, held]), ("p2", [daily])):  # seeded: each holds one admission
         assert await counters.admit(project, rules, AT) is None
-    sent: list[tuple[int, int]] = []
-    script = counters._admit
-
-    async def counting(*, keys: list[str], args: list[str]) -> object:
-        sent.append((len(keys), len(args)))
-        return await script(keys=keys, args=args)
-
-    counters._admit = counting  # type: ignore[assignment]
+    sent = calls_sent(counters, "_admit")
 
     answers = await asyncio.gather(
         *(counters.admit(*(("p1", [REQUESTS, held]) if turn % 3 else ("p2", [daily])), AT) for turn in range(9))
@@ -116,14 +109,7 @@ async def test_a_batch_of_settlements_adds_each_counters_sum_in_one_argument(fle
     counters = SharedBudgets(fleets[0], LocalBudgets(RequestLog()), RequestLog())
     for rule in (TOKENS, held):
         assert await counters.admit("p1", [rule], AT) is None  # seeded: 0, and 300 held
-    sent: list[tuple[int, int]] = []
-    script = counters._settle
-
-    async def counting(*, keys: list[str], args: list[int]) -> object:
-        sent.append((len(keys), len(args)))
-        return await script(keys=keys, args=args)
-
-    counters._settle = counting  # type: ignore[assignment]
+    sent = calls_sent(counters, "_settle")
     # A response that spent less than its reserve gives some back: charges may be negative.
     counters.settle([(TOKENS, AT, 3), (held, AT, -120)] * 100 + [(held, AT, 50)])
     await asyncio.sleep(0.1)

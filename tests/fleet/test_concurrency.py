@@ -10,7 +10,7 @@ import pytest
 
 from credgate.fleet import Fleet, open_fleet
 from credgate.fleet.concurrency import LocalPlaces, Place, SharedPlaces
-from tests.redis_server import PrivateRedis, private_redis, unique_namespace
+from tests.redis_server import PrivateRedis, calls_sent, private_redis, unique_namespace
 
 
 def places(fleets: list[Fleet], *, lease_seconds: float = 30.0) -> list[SharedPlaces]:
@@ -60,15 +60,7 @@ async def test_three_processes_taking_at_once_share_one_cap_and_a_place_given_ba
 
 async def test_a_turns_takes_and_give_backs_name_each_set_once_and_count_in_order(fleets: list[Fleet]) -> None:
     shared = places(fleets[:1])[0]
-    sent: list[tuple[str, int, int]] = []
-    for name in ("_take", "_release"):
-        script = getattr(shared, name)
-
-        async def counting(*, keys: list[str], args: list[object], name: str = name, script: object = script) -> object:
-            sent.append((name, len(keys), len(args)))
-            return await script(keys=keys, args=args)  # type: ignore[operator]
-
-        setattr(shared, name, counting)
+    takes, returns = calls_sent(shared, "_take"), calls_sent(shared, "_release")
 
     taken = await asyncio.gather(*(shared.take(f"p{turn % 2}", 3 + turn % 2) for turn in range(12)))
 
@@ -80,7 +72,7 @@ async def test_a_turns_takes_and_give_backs_name_each_set_once_and_count_in_orde
             shared.give_back(place)
     await shared.aclose()
     assert (await under_way(fleets[0], "p0"), await under_way(fleets[0], "p1")) == (0, 0)
-    assert sent == [("_take", 2, 2), ("_release", 2, 1)]  # each set once, the turn's places packed in one argument
+    assert (takes, returns) == ([(2, 2)], [(2, 1)])  # each set once, the turn's places packed in one argument
 
 
 async def test_the_places_of_a_process_that_died_free_at_their_lease_while_a_live_process_keeps_its_own(

@@ -10,7 +10,7 @@ import pytest
 
 from credgate.fleet import Fleet, RateLimiter, SharedRateLimiter, open_fleet
 from credgate.fleet.fleet import ANSWER_TIMEOUT_SECONDS, RETRY_SECONDS
-from tests.redis_server import PrivateRedis, private_redis, shared_redis_url, unique_namespace
+from tests.redis_server import PrivateRedis, calls_sent, private_redis, shared_redis_url, unique_namespace
 
 
 @pytest.fixture
@@ -123,14 +123,7 @@ async def test_the_checks_of_one_turn_share_one_round_trip_and_each_still_counts
     fleet, limiter = private
     assert await limiter.check("warm", 10) == 0  # the script loaded, a connection open
     before = await script_calls(fleet)
-    sent: list[tuple[int, int]] = []
-    script = limiter._script
-
-    async def counting(*, keys: list[str], args: list[str]) -> object:
-        sent.append((len(keys), len(args)))
-        return await script(keys=keys, args=args)
-
-    limiter._script = counting  # type: ignore[assignment]
+    sent = calls_sent(limiter, "_script")
     waits = await asyncio.gather(*(limiter.check(f"p{turn % 2}", 30 + turn % 2) for turn in range(100)))
     assert await script_calls(fleet) - before == 1  # not a hundred
     assert sent == [(2, 1)]  # each project's key once, the checks packed in one argument
