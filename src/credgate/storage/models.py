@@ -64,7 +64,16 @@ def _sqlite_text(value: datetime | None) -> str | None:
     if value.tzinfo is None:
         raise ValueError("naive datetimes are not stored")
     moment = value if value.tzinfo is UTC else value.astimezone(UTC)
-    return moment.isoformat(" ", "microseconds")[:-6]  # without its "+00:00"
+    # isoformat() of an aware moment, less its "+00:00", took twice this
+    return "%04d-%02d-%02d %02d:%02d:%02d.%06d" % (  # noqa: UP031
+        moment.year,
+        moment.month,
+        moment.day,
+        moment.hour,
+        moment.minute,
+        moment.second,
+        moment.microsecond,
+    )
 
 
 class Base(DeclarativeBase):
