@@ -5,6 +5,7 @@ import contextlib
 import gzip
 import json
 import random
+import secrets
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -160,6 +161,27 @@ async def test_a_full_backlog_drops_the_oldest_and_counts_them(ctx: Context) -> 
     assert REGISTRY.get_sample_value("credgate_request_records_dropped_total") == before + 1  # operators see it
     kept = [pending.row["at"] for pending in recorder._pending]
     assert kept == [start + timedelta(seconds=1), start + timedelta(seconds=2)]  # the oldest went first
+
+
+def _tokens_counted(project_id: str, kind: str) -> float:
+    labels = {"project": project_id, "provider": "openai", "kind": kind}
+    return REGISTRY.get_sample_value("credgate_tokens_total", labels) or 0
+
+
+async def test_a_batch_counts_each_project_s_tokens_and_a_dropped_record_s_too(ctx: Context) -> None:
+    """The tokens metric is counted once a batch for each project's provider, in sums (one call into
+    prometheus-client, not two a request); a record dropped from a full backlog still counts its tokens."""
+    project_a, project_b = f"prj_{secrets.token_hex(8)}", f"prj_{secrets.token_hex(8)}"  # apart from other tests
+    recorder = UsageRecorder(ctx, max_pending=4)
+    now = datetime.now(UTC)
+    for project_id, prompt, completion in [(project_a, 4, 1), (project_b, 7, 0), (project_a, 5, 2), (project_a, 0, 3)]:
+        body = json.dumps({"usage": {"prompt_tokens": prompt, "completion_tokens": completion}}).encode()
+        recorder.record(proxied(project_id, now, body))
+    recorder.record(proxied(project_b, now, b"not json"))  # no tokens; the backlog is full: (a, 4, 1) is dropped
+    assert (_tokens_counted(project_a, "prompt"), _tokens_counted(project_a, "completion")) == (4, 1)
+    await recorder.flush()
+    assert (_tokens_counted(project_a, "prompt"), _tokens_counted(project_a, "completion")) == (9, 6)
+    assert (_tokens_counted(project_b, "prompt"), _tokens_counted(project_b, "completion")) == (7, 0)
 
 
 async def test_a_request_s_usage_is_read_as_it_is_recorded_not_kept_for_the_write(ctx: Context) -> None:

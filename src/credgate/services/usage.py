@@ -8,7 +8,7 @@ import re
 import time
 import zlib
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
@@ -276,8 +276,6 @@ def _record_of(request: ProxiedRequest) -> dict[str, Any]:
         request.content_type, head, tail, content_encoding=request.content_encoding.lower()
     )
     cost = cost_micros(request.prices, model, prompt, completion) if request.prices else None
-    if prompt or completion:
-        metrics.tokens_counted(request.project_id, request.provider, prompt, completion)
     if request.on_tokens is not None:
         try:
             request.on_tokens(prompt, completion)
@@ -309,6 +307,21 @@ class _Pending(NamedTuple):
     row: dict[str, Any]
     token_hash: str
     budgets: tuple[BudgetRule, ...]
+
+
+def _count_tokens(batch: Iterable[_Pending]) -> None:
+    """Count the tokens of `batch` in the metrics: one count for each project's provider, not two a request
+    (each a call into prometheus-client, and its lock)."""
+    totals: dict[tuple[str, str], list[int]] = {}
+    for pending in batch:
+        row = pending.row
+        prompt, completion = row["prompt_tokens"], row["completion_tokens"]
+        if prompt or completion:
+            total = totals.setdefault((row["project_id"], row["provider"]), [0, 0])
+            total[0] += prompt or 0
+            total[1] += completion or 0
+    for (project_id, provider), (prompt, completion) in totals.items():
+        metrics.tokens_counted(project_id, provider, prompt, completion)
 
 
 def _charges(batch: Sequence[_Pending]) -> list[Charge]:
@@ -365,6 +378,7 @@ class UsageRecorder:
             return
         if len(self._pending) == self._pending.maxlen:
             metrics.request_records_dropped.inc()
+            _count_tokens([self._pending[0]])  # the record dropped: its tokens were spent all the same
         self._pending.append(_Pending(row, request.token_hash, request.budgets))
         if len(self._pending) >= self._batch_size:
             self._batch_ready.set()
@@ -405,6 +419,7 @@ class UsageRecorder:
         if not batch:
             return
         try:
+            _count_tokens(batch)
             if self.settle is not None:
                 self.settle(_charges(batch))
             touched = self._tokens_to_touch(batch)
