@@ -21,11 +21,12 @@ from typing import Any
 import aiohttp
 import httpx
 import pytest
+from prometheus_client import REGISTRY
 
 from credgate.app import Gateway, create_app
 from credgate.config import Settings
 from credgate.fleet.concurrency import LocalPlaces
-from credgate.proxy import ProxyApp, create_http_session
+from credgate.proxy import ProxyApp, create_http_session, relay
 from credgate.services import integrations, projects
 from credgate.services.bootstrap import open_context
 from credgate.services.context import Context
@@ -197,6 +198,26 @@ async def test_ls03_requests_over_the_in_flight_cap_get_a_quick_503_and_service_
     after = await asyncio.gather(*(timed_get(served.http, url, bearer(project.token)) for _ in range(4)))
     assert [status for status, _, _ in after] == [200] * 4
     assert served.proxy.in_flight == 0
+
+
+async def test_the_in_flight_gauge_shows_the_requests_under_way_set_once_a_turn_not_raised_and_lowered_each(
+    served: Served, ctx: Context, project: Project, catalogue: CatalogueUpstream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await add_custom(ctx, project, "busy", catalogue.url)
+    catalogue.delay = 1.5  # each request held long enough to be seen under way, on a busy machine too
+    moved: list[str] = []
+    monkeypatch.setattr(relay._IN_FLIGHT, "inc", lambda amount=1: moved.append("inc"))
+    monkeypatch.setattr(relay._IN_FLIGHT, "dec", lambda amount=1: moved.append("dec"))
+
+    def shown() -> float | None:
+        return REGISTRY.get_sample_value("credgate_in_flight_requests")
+
+    url = f"{served.url}/proxy/busy/slow"
+    burst = asyncio.gather(*(timed_get(served.http, url, bearer(project.token)) for _ in range(6)))
+    assert await eventually(lambda: shown() == 6, within=1.2)
+    assert [status for status, _, _ in await burst] == [200] * 6
+    assert await eventually(lambda: shown() == 0, within=1.0)
+    assert moved == []
 
 
 # LS-04 slowloris and connection floods

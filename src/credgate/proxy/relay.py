@@ -154,6 +154,7 @@ class ProxyApp:
         recorder.settle = self.budgets.settle
         self.deadlines = Deadlines()
         self.in_flight = 0
+        self._in_flight_to_show = False  # the gauge is to be set at the end of this turn
         # The shared public-only session, and one per integration's list of exceptions to the guard.
         self.upstreams = Upstreams(
             session,
@@ -185,7 +186,7 @@ class ProxyApp:
             await send_error(send, Unavailable(f"gateway overloaded; retry later (request id {request_id})"))
             return
         self.in_flight += 1
-        _IN_FLIGHT.inc()
+        self._show_in_flight()
         try:
             if self.tracing is None:
                 await self._serve(scope, receive, send, None)
@@ -193,7 +194,18 @@ class ProxyApp:
                 await self._serve_traced(scope, receive, send, self.tracing)
         finally:
             self.in_flight -= 1
-            _IN_FLIGHT.dec()
+            self._show_in_flight()
+
+    def _show_in_flight(self) -> None:
+        """The gauge of requests under way is set once an event-loop turn, to the count at its end: not raised and
+        lowered for each request, two calls into prometheus-client (and its lock) where a turn brings about 20."""
+        if not self._in_flight_to_show:
+            self._in_flight_to_show = True
+            asyncio.get_running_loop().call_soon(self._set_in_flight_gauge)
+
+    def _set_in_flight_gauge(self) -> None:
+        self._in_flight_to_show = False
+        _IN_FLIGHT.set(self.in_flight)
 
     async def _serve_traced(self, scope: Scope, receive: Receive, send: Send, tracing: "Tracing") -> None:
         raw_path: bytes = scope.get("raw_path") or scope["path"].encode()
