@@ -4,6 +4,7 @@ import base64
 
 import pytest
 
+import credgate.proxy.plan as plan_module
 from credgate.crypto import Secret
 from credgate.errors import BadRequest, MethodNotAllowed
 from credgate.proxy.plan import (
@@ -239,6 +240,13 @@ def test_hop_by_hop_and_connection_named_headers_are_dropped() -> None:
     assert sent.isdisjoint(name.decode() for name, _ in HOP_BY_HOP)
 
 
+def test_a_header_named_by_connection_is_dropped_wherever_it_comes() -> None:
+    headers = [(b"x-before", b"1"), (b"Connection", b"X-Before"), (b"x-after", b"2"), (b"connection", b"x_after")]
+    integration = resolved(headers={"X-Before": "default", "X-Kept": "default"})
+    request = plan([*headers, *END_TO_END], integration=integration)
+    assert names(request) == {"authorization", "x-kept", *(name.decode() for name, _ in END_TO_END)}
+
+
 def test_credentials_cookies_and_the_clients_address_are_dropped() -> None:
     request = plan(PRIVATE + END_TO_END)
     assert names(request).isdisjoint(name.decode() for name, _ in PRIVATE if name != b"authorization")
@@ -348,6 +356,21 @@ def test_response_headers_drop_hop_by_hop_and_keep_content_encoding() -> None:
         (b"Set-Cookie", b"a=1"),
         (b"Set-Cookie", b"b=2"),
     ]
+
+
+def test_a_response_header_named_by_connection_is_dropped_wherever_it_comes() -> None:
+    upstream = [(b"X-Early", b"1"), (b"A", b"1"), (b"Connection", b"x-early, keep-alive"), (b"Connection", b"X-Late")]
+    assert response_headers([*upstream, (b"X-Late", b"2"), (b"B", b"2")]) == [(b"A", b"1"), (b"B", b"2")]
+
+
+def test_made_up_header_names_cannot_grow_the_remembered_names_nor_change_a_rule() -> None:
+    flood = [(f"x-made-up-{number}".encode(), b"1") for number in range(3000)]
+    response_headers(flood)
+    upstream = plan([*flood, (b"X_Api_Key", TOKEN.encode()), (b"Connection", b"x-made-up-2999")])
+    assert len(plan_module._canonical) <= 1024
+    assert "x_api_key" not in names(upstream)
+    assert "x-made-up-2999" not in names(upstream)
+    assert len(upstream.headers) == 3000  # the rest of the flood, and the key placed
 
 
 # Regressions from the security review.
