@@ -1,8 +1,10 @@
 """The endpoint path grammar: what confines a client's path and what the allow-list matches, in one place."""
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from credgate.paths import MalformedPath, parse_path, path_matches, rebase_path
+from credgate.paths import AllowList, MalformedPath, parse_path, path_matches, rebase_path
 
 
 @pytest.mark.parametrize(
@@ -88,3 +90,20 @@ def test_an_endpoint_is_rebased_onto_the_integrations_own_base_path(
     pattern: str, from_base: str, to_base: str, rebased: str
 ) -> None:
     assert rebase_path(pattern, from_base=from_base, to_base=to_base) == rebased
+
+
+_SEGMENTS = st.sampled_from(["a", "b", "items", "", "*", "**"])
+_METHODS = st.sampled_from(["GET", "POST", "*"])
+
+
+@given(
+    rules=st.lists(st.tuples(_METHODS, st.lists(_SEGMENTS, min_size=1, max_size=3).map("/".join)), max_size=6),
+    method=st.sampled_from(["GET", "POST"]),
+    segments=st.lists(st.sampled_from(["a", "b", "items", ""]), min_size=1, max_size=4).map(tuple),
+)
+@settings(max_examples=400, deadline=None)
+def test_an_allow_list_admits_exactly_what_its_patterns_match_one_by_one(
+    rules: list[tuple[str, str]], method: str, segments: tuple[str, ...]
+) -> None:
+    one_by_one = any(rule in ("*", method) and path_matches(pattern, segments) for rule, pattern in rules)
+    assert AllowList(rules).admits(method, segments) is one_by_one

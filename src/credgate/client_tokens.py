@@ -11,10 +11,10 @@ import base64
 import binascii
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from credgate.crypto import KeyRing
-from credgate.paths import path_matches
+from credgate.paths import AllowList
 from credgate.specs import Endpoint
 
 CLIENT_TOKEN_PREFIX = "cgc_"  # noqa: S105 - a public prefix, not a secret
@@ -39,14 +39,17 @@ class ClientGrant:
     endpoints: tuple[Endpoint, ...] | None = None
     origins: frozenset[str] | None = None
     tag: bytes = b""  # the signature, read: its master key must still be the ring's at each use
+    _allow_list: AllowList | None = field(init=False, repr=False, compare=False)  # `endpoints`, compiled
+
+    def __post_init__(self) -> None:
+        endpoints = None if self.endpoints is None else AllowList((e.method, e.path) for e in self.endpoints)
+        object.__setattr__(self, "_allow_list", endpoints)
 
     def covers(self, provider: str, method: str, segments: tuple[str, ...]) -> bool:
         """Whether the request is within the token's providers and endpoints (the integration's are checked too)."""
         if self.providers is not None and provider not in self.providers:
             return False
-        return self.endpoints is None or any(
-            (endpoint.method in ("*", method)) and path_matches(endpoint.path, segments) for endpoint in self.endpoints
-        )
+        return self._allow_list is None or self._allow_list.admits(method, segments)
 
     def admits_origin(self, origin: str) -> bool:
         return self.origins is None or origin in self.origins

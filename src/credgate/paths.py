@@ -9,6 +9,7 @@ surrounding spaces removed, and any run of dots counts (Windows servers read `..
 
 import functools
 import re
+from collections.abc import Iterable
 from urllib.parse import unquote_to_bytes, urlsplit
 
 _BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
@@ -60,6 +61,32 @@ def path_matches(pattern: str, segments: tuple[str, ...] | list[str]) -> bool:
         if index >= len(segments) or (part != "*" and part != segments[index]):
             return False
     return len(parts) == len(segments)
+
+
+class AllowList:
+    """An endpoint allow-list, (method, pattern) pairs with `*` for any method, compiled once: a pattern without
+    wildcards is a dict entry, found in one lookup however long the list; only the wildcard patterns are matched
+    in turn. Admits exactly what path_matches would, pattern by pattern."""
+
+    __slots__ = ("_exact", "_wildcards")
+
+    def __init__(self, endpoints: Iterable[tuple[str, str]]) -> None:
+        self._exact: dict[tuple[str, ...], set[str]] = {}
+        self._wildcards: list[tuple[str, str]] = []
+        for method, pattern in endpoints:
+            parts = tuple(pattern.split("/"))
+            if "*" in parts or "**" in parts:
+                self._wildcards.append((method, pattern))
+            else:
+                self._exact.setdefault(parts, set()).add(method)
+
+    def admits(self, method: str, segments: tuple[str, ...]) -> bool:
+        methods = self._exact.get(segments)
+        if methods is not None and (method in methods or "*" in methods):
+            return True
+        return any(
+            (allowed in ("*", method)) and path_matches(pattern, segments) for allowed, pattern in self._wildcards
+        )
 
 
 def rebase_path(pattern: str, *, from_base: str, to_base: str) -> str:

@@ -1,10 +1,11 @@
 """An integration as the proxy uses it: plain data, settled from storage by the services and read by the
 proxy's pure planning, which therefore loads neither the database layer nor the HTTP client."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from credgate.crypto import Secret
 from credgate.netguard import NO_PRIVATE_NETWORKS, PrivateNetworks
+from credgate.paths import AllowList
 from credgate.specs import AuthSpec, Endpoint
 from credgate.spending import Price
 
@@ -47,3 +48,9 @@ class ResolvedIntegration:
     keys: tuple[PoolKey, ...] = ()  # every key in service, in order (`credential` is the first's secret)
     key_strategy: str = "failover"  # or "spread": requests take the keys in turns
     prices: tuple[Price, ...] = ()  # the admin's price list, first match first
+    allow_list: AllowList = field(init=False, repr=False, compare=False)  # `endpoints`, compiled
+
+    def __post_init__(self) -> None:
+        object.__setattr__(
+            self, "allow_list", AllowList((endpoint.method, endpoint.path) for endpoint in self.endpoints)
+        )

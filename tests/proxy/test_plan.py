@@ -7,19 +7,19 @@ import pytest
 import credgate.proxy.plan as plan_module
 from credgate.crypto import Secret
 from credgate.errors import BadRequest, MethodNotAllowed
+from credgate.paths import AllowList
 from credgate.proxy.plan import (
     Headers,
     UpstreamRequest,
     check_method,
     check_target,
-    endpoint_allowed,
     find_token,
     plan_upstream,
     response_headers,
     split_target,
 )
 from credgate.resolved import ResolvedIntegration
-from credgate.specs import AuthSpec, BasicAuth, BearerAuth, Endpoint, HeaderAuth, QueryAuth
+from credgate.specs import AuthSpec, BasicAuth, BearerAuth, HeaderAuth, QueryAuth
 
 TOKEN = "cgp_" + "t" * 43
 KEY = "sk-provider-key-1234"
@@ -156,8 +156,7 @@ def test_check_target_rejects_bad_provider_names(provider: str) -> None:
 
 
 def allowed(method: str, path: str, *rules: tuple[str, str]) -> bool:
-    endpoints = [Endpoint(method=rule_method, path=rule_path) for rule_method, rule_path in rules]
-    return endpoint_allowed(method, tuple(path.split("/")), endpoints)
+    return AllowList(rules).admits(method, tuple(path.split("/")))
 
 
 def test_exact_endpoint_and_method() -> None:
@@ -378,8 +377,8 @@ def test_made_up_header_names_cannot_grow_the_remembered_names_nor_change_a_rule
 
 def test_a_trailing_slash_is_kept_and_matches_a_wildcard() -> None:
     assert check_target("openai", "items/") == ("items", "")
-    assert endpoint_allowed("GET", ("items", ""), [Endpoint(method="GET", path="items/*")])
-    assert not endpoint_allowed("GET", ("items", ""), [Endpoint(method="GET", path="items")])
+    assert AllowList([("GET", "items/*")]).admits("GET", ("items", ""))
+    assert not AllowList([("GET", "items")]).admits("GET", ("items", ""))
 
 
 def test_a_default_header_named_like_the_credential_is_not_sent_too() -> None:

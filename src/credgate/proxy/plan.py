@@ -11,9 +11,9 @@ from credgate import specs
 from credgate.client_tokens import ClientGrant
 from credgate.crypto import Secret
 from credgate.errors import BadRequest, Forbidden, MethodNotAllowed, NotFound, PayloadTooLarge
-from credgate.paths import MalformedPath, parse_path, path_matches
+from credgate.paths import MalformedPath, parse_path
 from credgate.resolved import ResolvedIntegration
-from credgate.specs import PROVIDER_NAME, AuthSpec, Endpoint
+from credgate.specs import PROVIDER_NAME, AuthSpec
 
 Headers = list[tuple[bytes, bytes]]
 
@@ -123,13 +123,6 @@ def check_target(provider: str, raw_endpoint: str) -> tuple[str, ...]:
         raise BadRequest("malformed endpoint") from None
 
 
-def endpoint_allowed(method: str, segments: tuple[str, ...], endpoints: Iterable[Endpoint]) -> bool:
-    return any(
-        (endpoint.method == "*" or endpoint.method == method) and path_matches(endpoint.path, segments)
-        for endpoint in endpoints
-    )
-
-
 @dataclass(frozen=True, slots=True)
 class Admitted:
     """A request that passed the checks after the token: its integration, credential and declared length."""
@@ -162,7 +155,7 @@ def admit(
     credential = integration.credential
     if credential is None:
         raise Forbidden(f"the provider key of {provider} is revoked; set a new key")
-    if method not in specs.METHODS or not endpoint_allowed(method, segments, integration.endpoints):
+    if method not in specs.METHODS or not integration.allow_list.admits(method, segments):
         raise Forbidden(f"{method} {'/'.join(segments)} is not an enabled endpoint of {provider}")
     if grant is not None and not grant.covers(provider, method, segments):
         raise Forbidden(f"{method} {'/'.join(segments)} of {provider} is outside this client token's scope")
