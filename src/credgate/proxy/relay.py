@@ -7,7 +7,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
@@ -494,7 +494,11 @@ class ProxyApp:
         # The keys to try, in turn, before any byte reaches the client: a pool's (those not resting, in the order
         # of its strategy), or the one credential.
         pooled = len(integration.keys) > 1
-        keys = self.key_pools.attempts(record.project_id, integration) if pooled else [PoolKey("", credential)]
+        keys: Sequence[PoolKey] = (
+            self.key_pools.attempts(record.project_id, integration)
+            if pooled
+            else integration.keys or (PoolKey("", credential),)
+        )
         if not keys:
             raise BadGateway(f"every key of {integration.provider} is out of service or cooling down")
         plan_with = functools.partial(
@@ -579,7 +583,7 @@ class ProxyApp:
         self,
         plan: UpstreamRequest,
         plan_with: Callable[..., Awaitable[UpstreamRequest]],
-        keys: list[PoolKey],
+        keys: Sequence[PoolKey],
         pooled: bool,
         integration: ResolvedIntegration,
         data: bytes | AsyncIterator[bytes] | None,
