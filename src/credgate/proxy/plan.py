@@ -18,7 +18,7 @@ from credgate.specs import PROVIDER_NAME, AuthSpec
 Headers = list[tuple[bytes, bytes]]
 
 # Where SDKs carry a credential; the project token is looked for in each, and none of them goes upstream.
-TOKEN_HEADERS = (b"authorization", b"x-api-key", b"api-key", b"x-goog-api-key", b"xi-api-key")
+TOKEN_HEADERS = frozenset({b"authorization", b"x-api-key", b"api-key", b"x-goog-api-key", b"xi-api-key"})
 _TOKEN_SCHEMES = (b"bearer ", b"token ")
 _AWS_SIGNATURE = b"AWS4-HMAC-SHA256 "
 _TOKEN_PREFIXES = (b"cgp_", b"cgc_")  # project and client tokens
@@ -32,7 +32,7 @@ HOP_BY_HOP = frozenset(name.encode() for name in specs.HOP_BY_HOP)
 # Not sent upstream: credentials, cookies, the client's address, and what the transport sets itself.
 _DROPPED_REQUEST_HEADERS = (
     HOP_BY_HOP
-    | frozenset(TOKEN_HEADERS)
+    | TOKEN_HEADERS
     | {
         b"cookie",
         b"host",
