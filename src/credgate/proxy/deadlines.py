@@ -4,29 +4,39 @@
 twice under a limit: for the client's body and for the upstream's answer. Here one loop timer, running only
 while some wait is under way, looks every `tick` seconds for waits past their deadline and cancels their task;
 the wait then raises TimeoutError, as `asyncio.timeout` would. A limit is kept to within one tick, which is
-nothing next to the proxy's limits (a minute or so).
+nothing next to the proxy's limits (a minute or so). Anything with a `deadline` and an `expire()` may be kept the
+same way (the client watch starts so).
 """
 
 import asyncio
 from types import TracebackType
+from typing import Protocol
+
+
+class Expiring(Protocol):
+    """What a tick expires once `deadline` (the loop's time) has passed: `expire()` is then called, once."""
+
+    deadline: float
+
+    def expire(self) -> None: ...
 
 
 class Deadlines:
     def __init__(self, *, tick: float = 0.25) -> None:
         self._tick = tick
-        self._waits: set[Within] = set()
+        self._waits: set[Expiring] = set()
         self._timer: asyncio.TimerHandle | None = None
 
     def within(self, seconds: float) -> "Within":
         """A context manager: TimeoutError if the block is still waiting `seconds` (to a tick) after it began."""
         return Within(self, seconds)
 
-    def _add(self, wait: "Within", loop: asyncio.AbstractEventLoop) -> None:
+    def add(self, wait: Expiring, loop: asyncio.AbstractEventLoop) -> None:
         self._waits.add(wait)
         if self._timer is None:
             self._timer = loop.call_later(self._tick, self._sweep, loop)
 
-    def _discard(self, wait: "Within") -> None:
+    def discard(self, wait: Expiring) -> None:
         self._waits.discard(wait)
 
     def _sweep(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -55,7 +65,7 @@ class Within:
         self._task = task
         self._cancelling = task.cancelling()
         self.deadline = loop.time() + self._seconds
-        self._deadlines._add(self, loop)
+        self._deadlines.add(self, loop)
         return self
 
     def expire(self) -> None:
@@ -65,7 +75,7 @@ class Within:
     def __exit__(
         self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
     ) -> None:
-        self._deadlines._discard(self)
+        self._deadlines.discard(self)
         # As asyncio.timeout: the cancellation this wait made becomes TimeoutError, unless someone else's is also
         # pending (then the task is being cancelled for real and must stay so).
         if self.expired and self._task.uncancel() <= self._cancelling and kind is asyncio.CancelledError:

@@ -513,7 +513,7 @@ class ProxyApp:
         )
         plan = await plan_with(credential=keys[0].secret)
         # Once the body is read, the rest of receive() only reports a client that leaves: watch for it.
-        watch = ClientWatch(receive)
+        watch = ClientWatch(receive, self.deadlines)
         body = RequestBody(
             receive,
             limit=self.max_request_bytes,
