@@ -62,6 +62,18 @@ def test_text_lines_keep_their_format() -> None:
     assert line.startswith("2023-11-1")
 
 
+@pytest.mark.parametrize("created", [1_700_000_000.25, 1_700_000_000.9996, 1_700_000_001.0])
+def test_an_access_line_is_what_logging_would_format_of_its_record(
+    created: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    line_formatter = LineFormatter(TEXT_FORMAT)
+    message = "GET /proxy/openai/files/a%20b%s 200 0.1ms aaaa"  # a % of its own is not a format's
+    made = logging.LogRecord(ACCESS_LOGGER, logging.INFO, __file__, 1, message, (), None)
+    made.created = created
+    monkeypatch.setattr("credgate.log_format.time.time", lambda: created)
+    assert line_formatter.access_line(message, "aaaa", None) == line_formatter.format(made)
+
+
 @contextlib.contextmanager
 def credgate_handler(log_format: str, *, level: int = logging.INFO) -> Iterator[io.StringIO]:
     """credgate's own handler as `credgate serve` installs it, writing to a buffer, alone on the root logger."""
