@@ -47,7 +47,7 @@ class LineFormatter(logging.Formatter):
     def access_line(self, message: str, request: str, fields: dict[str, Any] | None) -> str:
         """The access line as `format` would make it of the access logger's INFO record. The format is filled
         once for the process with all but the time and the message, so a line is one %-format of three values
-        (callgrind: 8,000 instructions, against 17,600 filling the whole format from a dict each time)."""
+        (callgrind: 7,500 instructions, against 17,600 filling the whole format from a dict each time)."""
         created = time.time()
         second = int(created)
         pid = os.getpid()
