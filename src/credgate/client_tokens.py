@@ -42,8 +42,7 @@ class ClientGrant:
     _allow_list: AllowList | None = field(init=False, repr=False, compare=False)  # `endpoints`, compiled
 
     def __post_init__(self) -> None:
-        endpoints = None if self.endpoints is None else AllowList((e.method, e.path) for e in self.endpoints)
-        object.__setattr__(self, "_allow_list", endpoints)
+        object.__setattr__(self, "_allow_list", None if self.endpoints is None else AllowList(self.endpoints))
 
     def covers(self, provider: str, method: str, segments: tuple[str, ...]) -> bool:
         """Whether the request is within the token's providers and endpoints (the integration's are checked too)."""

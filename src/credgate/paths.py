@@ -10,6 +10,7 @@ surrounding spaces removed, and any run of dots counts (Windows servers read `..
 import functools
 import re
 from collections.abc import Iterable
+from typing import Protocol
 from urllib.parse import unquote_to_bytes, urlsplit
 
 _BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
@@ -63,17 +64,28 @@ def path_matches(pattern: str, segments: tuple[str, ...] | list[str]) -> bool:
     return len(parts) == len(segments)
 
 
+class AllowedEndpoint(Protocol):
+    """An allow-list's entry (specs.Endpoint): a method, `*` for any, and a path pattern."""
+
+    @property
+    def method(self) -> str: ...
+
+    @property
+    def path(self) -> str: ...
+
+
 class AllowList:
-    """An endpoint allow-list, (method, pattern) pairs with `*` for any method, compiled once: a pattern without
-    wildcards is a dict entry, found in one lookup however long the list; only the wildcard patterns are matched
-    in turn. Admits exactly what path_matches would, pattern by pattern."""
+    """An endpoint allow-list compiled once: a pattern without wildcards is a dict entry, found in one lookup
+    however long the list; only the wildcard patterns are matched in turn. Admits exactly what path_matches
+    would, pattern by pattern."""
 
     __slots__ = ("_exact", "_wildcards")
 
-    def __init__(self, endpoints: Iterable[tuple[str, str]]) -> None:
+    def __init__(self, endpoints: Iterable[AllowedEndpoint]) -> None:
         self._exact: dict[tuple[str, ...], set[str]] = {}
         self._wildcards: list[tuple[str, str]] = []
-        for method, pattern in endpoints:
+        for endpoint in endpoints:
+            method, pattern = endpoint.method, endpoint.path
             parts = tuple(pattern.split("/"))
             if "*" in parts or "**" in parts:
                 self._wildcards.append((method, pattern))

@@ -51,6 +51,4 @@ class ResolvedIntegration:
     allow_list: AllowList = field(init=False, repr=False, compare=False)  # `endpoints`, compiled
 
     def __post_init__(self) -> None:
-        object.__setattr__(
-            self, "allow_list", AllowList((endpoint.method, endpoint.path) for endpoint in self.endpoints)
-        )
+        object.__setattr__(self, "allow_list", AllowList(self.endpoints))

@@ -19,7 +19,7 @@ from credgate.proxy.plan import (
     split_target,
 )
 from credgate.resolved import ResolvedIntegration
-from credgate.specs import AuthSpec, BasicAuth, BearerAuth, HeaderAuth, QueryAuth
+from credgate.specs import AuthSpec, BasicAuth, BearerAuth, Endpoint, HeaderAuth, QueryAuth
 
 TOKEN = "cgp_" + "t" * 43
 KEY = "sk-provider-key-1234"
@@ -156,7 +156,8 @@ def test_check_target_rejects_bad_provider_names(provider: str) -> None:
 
 
 def allowed(method: str, path: str, *rules: tuple[str, str]) -> bool:
-    return AllowList(rules).admits(method, tuple(path.split("/")))
+    endpoints = [Endpoint(method=rule_method, path=rule_path) for rule_method, rule_path in rules]
+    return AllowList(endpoints).admits(method, tuple(path.split("/")))
 
 
 def test_exact_endpoint_and_method() -> None:
@@ -379,8 +380,8 @@ def test_made_up_header_names_cannot_grow_the_remembered_names_nor_change_a_rule
 
 def test_a_trailing_slash_is_kept_and_matches_a_wildcard() -> None:
     assert check_target("openai", "items/") == ("items", "")
-    assert AllowList([("GET", "items/*")]).admits("GET", ("items", ""))
-    assert not AllowList([("GET", "items")]).admits("GET", ("items", ""))
+    assert AllowList([Endpoint(method="GET", path="items/*")]).admits("GET", ("items", ""))
+    assert not AllowList([Endpoint(method="GET", path="items")]).admits("GET", ("items", ""))
 
 
 def test_a_default_header_named_like_the_credential_is_not_sent_too() -> None:
