@@ -1,13 +1,21 @@
 """The metrics of a worker (PROMETHEUS_MULTIPROC_DIR set): counted into files named by its process id, which it
-knows without asking the kernel at each count, and learns anew in a forked child."""
+knows without asking the kernel at each count, and learns anew in a forked child. The requests of an event-loop
+turn: counted together at its end, exactly as prometheus-client counts each."""
 
+import asyncio
 import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
-from prometheus_client import CollectorRegistry
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
 from prometheus_client.multiprocess import MultiProcessCollector
+
+from credgate import metrics
 
 _WORKER = """
 import json, os, sys
@@ -56,3 +64,69 @@ def test_a_worker_counts_into_its_own_file_without_asking_its_process_id_and_a_f
         f"counter_{seen['child']}.db",
     }
     assert _requests_counted(tmp_path) == 3
+
+
+def _samples(registry: CollectorRegistry, prefix: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in registry.collect()
+        for sample in family.samples
+        if sample.name.startswith(prefix) and not sample.name.endswith("_created")
+    }
+
+
+def _counted_in_one_turn(served: list[tuple[str, str, int, float, float]]) -> dict[str, Any]:
+    """What the process's registry gained from `served`, all counted in one event-loop turn, and whether any of it
+    showed before the turn ended."""
+    before = _samples(REGISTRY, "credgate_")
+
+    async def one_turn() -> bool:
+        for request in served:
+            metrics.request_served(*request)
+        shown_early = _samples(REGISTRY, "credgate_") != before
+        await asyncio.sleep(0)
+        return shown_early
+
+    shown_early = asyncio.run(one_turn())
+    after = _samples(REGISTRY, "credgate_")
+    return {"shown_early": shown_early, "gained": {key: after[key] - before.get(key, 0) for key in after}}
+
+
+def _observed_one_by_one(served: list[tuple[str, str, int, float, float]]) -> dict[Any, float]:
+    """The same requests counted by prometheus-client itself, each on its own, in a registry of their own."""
+    registry = CollectorRegistry()
+    requests = Counter("credgate_requests", "", ["project", "provider", "status"], registry=registry)
+    durations = Histogram(
+        "credgate_request_duration_seconds", "", ["provider"], buckets=metrics._SECONDS, registry=registry
+    )
+    overheads = Histogram("credgate_overhead_duration_seconds", "", buckets=metrics._SECONDS[:10], registry=registry)
+    for project_id, provider, status, duration, overhead in served:
+        requests.labels(project_id, provider, str(status)).inc()
+        durations.labels(provider).observe(duration)
+        overheads.observe(overhead)
+    return _samples(registry, "credgate_")
+
+
+_BOUNDS = st.sampled_from([*metrics._SECONDS, 0.0])  # exactly on a bucket's bound: counted in that bucket
+_SECONDS = st.floats(min_value=0, max_value=400, allow_nan=False) | _BOUNDS
+_REQUEST = st.tuples(
+    st.sampled_from(["p-counted-1", "p-counted-2"]),
+    st.sampled_from(["openai", "anthropic", "-"]),
+    st.sampled_from([200, 404, 502]),
+    _SECONDS,
+    _SECONDS,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(_REQUEST, min_size=1, max_size=40))
+def test_the_requests_of_a_turn_are_counted_at_its_end_as_prometheus_client_counts_each(
+    served: list[tuple[str, str, int, float, float]],
+) -> None:
+    """Counted together, at the end of the turn: every count, bucket and sum as observing each request gives."""
+    counted = _counted_in_one_turn(served)
+    expected = _observed_one_by_one(served)
+    assert counted["shown_early"] is False
+    gained = counted["gained"]
+    for key in expected.keys() | gained.keys():
+        assert gained.get(key, 0) == pytest.approx(expected.get(key, 0), rel=1e-9, abs=1e-9), key

@@ -5,9 +5,11 @@ With several workers, prometheus-client's multiprocess mode sums every worker's 
 module is first imported). Labels hold ids and names an admin chose, never a token, key, header or body.
 """
 
+import asyncio
+import bisect
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -22,6 +24,7 @@ from prometheus_client import (
 )
 
 MULTIPROCESS_DIR = "PROMETHEUS_MULTIPROC_DIR"
+Key = TypeVar("Key")
 _process_id = os.getpid()
 
 
@@ -129,43 +132,83 @@ def forget_process(pid: int) -> None:
         multiprocess.mark_process_dead(pid)  # type: ignore[no-untyped-call]
 
 
-_by_request: dict[tuple[str, str, int], tuple[Any, Any]] = {}
-_by_provider: dict[tuple[str, str], tuple[Any, Any]] = {}
+class _Series(dict[Key, Any]):
+    """Labelled series, each looked up at its first count and then remembered: prometheus-client's own look-up
+    costs more than the counting. Bounded: past 10,000, a look-up again, never a lost count."""
+
+    def __init__(self, look_up: Callable[[Key], Any]) -> None:
+        super().__init__()
+        self._look_up = look_up
+
+    def __missing__(self, key: Key) -> Any:
+        if len(self) >= 10_000:
+            self.clear()
+        series = self[key] = self._look_up(key)
+        return series
 
 
-def _series(cache: dict[Any, tuple[Any, Any]], key: Any, look_up: Callable[[], tuple[Any, Any]]) -> tuple[Any, Any]:
-    """Labelled series looked up once per label values, not once a request: prometheus-client's own look-up
-    costs more than the counting. Bounded: a look-up again, never a lost count."""
-    series = cache.get(key)
-    if series is None:
-        if len(cache) >= 10_000:
-            cache.clear()
-        series = cache[key] = look_up()
-    return series
+_requests_series = _Series[tuple[str, str, int]](
+    lambda key: requests_total.labels(key[0], key[1], str(key[2]))  # project, provider, status
+)
+_duration_series = _Series[str](request_duration.labels)
+_token_series = _Series[tuple[str, str]](
+    lambda key: (tokens_total.labels(*key, "prompt"), tokens_total.labels(*key, "completion"))  # project, provider
+)
 
 
 def request_served(project_id: str, provider: str, status: int, duration: float, overhead: float) -> None:
-    """Count one proxied request."""
-    requests, durations = _series(
-        _by_request,
-        (project_id, provider, status),
-        lambda: (requests_total.labels(project_id, provider, str(status)), request_duration.labels(provider)),
-    )
-    requests.inc()
-    durations.observe(duration)
-    overhead_duration.observe(overhead)
+    """Count one proxied request: at the end of the event-loop turn, with the turn's others (at 64 connections a
+    turn brings about 20), each series counted once for them all. Counted alone, a request's three counts (behind
+    prometheus-client's checks and locks) took 27,600 instructions."""
+    _served.append((project_id, provider, status, duration, overhead))
+    if len(_served) == 1:
+        try:
+            asyncio.get_running_loop().call_soon(_count_served)
+        except RuntimeError:  # no event loop (a script): counted now
+            _count_served()
+
+
+_served: list[tuple[str, str, int, float, float]] = []  # this turn's requests, not counted yet
+
+
+def _count_served() -> None:
+    served = _served.copy()
+    _served.clear()
+    if len(served) == 1:  # the turn brought one (a quiet gateway): no grouping
+        project_id, provider, status, duration, overhead = served[0]
+        _requests_series[project_id, provider, status].inc()
+        _duration_series[provider].observe(duration)
+        overhead_duration.observe(overhead)
+        return
+    requests: dict[tuple[str, str, int], int] = {}
+    durations: dict[str, list[float]] = {}
+    for project_id, provider, status, duration, _ in served:
+        key = (project_id, provider, status)
+        requests[key] = requests.get(key, 0) + 1
+        durations.setdefault(provider, []).append(duration)
+    for (project_id, provider, status), count in requests.items():
+        _requests_series[project_id, provider, status].inc(count)
+    for provider, amounts in durations.items():
+        _observe_all(_duration_series[provider], amounts)
+    _observe_all(overhead_duration, [overhead for *_, overhead in served])
+
+
+def _observe_all(histogram: Histogram, amounts: list[float]) -> None:
+    """`histogram.observe` of each amount, done as one count per bucket reached and one of the sum. What observe
+    does for one amount: prometheus-client keeps each bucket's own count (the first whose bound is not below the
+    amount), and adds them up as it collects them."""
+    reached: dict[int, int] = {}
+    for amount in amounts:
+        index = bisect.bisect_left(histogram._upper_bounds, amount)
+        reached[index] = reached.get(index, 0) + 1
+    for index, count in reached.items():
+        histogram._buckets[index].inc(count)
+    histogram._sum.inc(sum(amounts))
 
 
 def tokens_counted(project_id: str, provider: str, prompt: int | None, completion: int | None) -> None:
     """Count the tokens a response reported."""
-    prompts, completions = _series(
-        _by_provider,
-        (project_id, provider),
-        lambda: (
-            tokens_total.labels(project_id, provider, "prompt"),
-            tokens_total.labels(project_id, provider, "completion"),
-        ),
-    )
+    prompts, completions = _token_series[project_id, provider]
     if prompt:
         prompts.inc(prompt)
     if completion:
