@@ -6,7 +6,7 @@ import gzip
 import json
 import random
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -19,7 +19,8 @@ from credgate.services import projects, usage
 from credgate.services.bootstrap import open_context
 from credgate.services.context import Context
 from credgate.services.usage import ProxiedRequest, UsageRecorder, extract_tokens
-from credgate.storage.repository import Repository
+from credgate.storage.models import RequestRecord
+from credgate.storage.repository import Repository, RequestRow
 from tests.polling import eventually
 
 
@@ -86,7 +87,7 @@ async def test_a_flush_under_way_when_the_recorder_stops_still_writes_its_batch(
     writing, release = asyncio.Event(), asyncio.Event()
     insert = Repository.insert_request_records
 
-    async def slow_insert(repo: Repository, rows: Sequence[Mapping[str, object]]) -> None:
+    async def slow_insert(repo: Repository, rows: Sequence[RequestRow]) -> None:
         writing.set()
         await release.wait()
         await insert(repo, rows)
@@ -146,6 +147,12 @@ async def test_every_field_is_stored_as_recorded_whatever_its_characters(ctx: Co
     assert (newest.prompt_tokens, newest.completion_tokens, newest.admitted) == (None, None, False)
 
 
+def test_a_request_row_holds_the_request_logs_columns_in_the_tables_order() -> None:
+    """On SQLite a row's values are bound by position (repository.insert_request_records)."""
+    columns = tuple(column.name for column in RequestRecord.__table__.columns if column.name != "id")
+    assert RequestRow._fields == columns
+
+
 async def test_writing_no_records_is_no_statement(ctx: Context) -> None:
     """No records, no statement (the SQLite insert, padded to its rows a statement, failed on none)."""
     async with ctx.database.transaction() as repo:
@@ -159,7 +166,7 @@ async def test_a_full_backlog_drops_the_oldest_and_counts_them(ctx: Context) -> 
     for index in range(3):
         recorder.record(proxied("prj_x", start + timedelta(seconds=index)))
     assert REGISTRY.get_sample_value("credgate_request_records_dropped_total") == before + 1  # operators see it
-    kept = [pending.row["at"] for pending in recorder._pending]
+    kept = [pending.row.at for pending in recorder._pending]
     assert kept == [start + timedelta(seconds=1), start + timedelta(seconds=2)]  # the oldest went first
 
 
@@ -193,8 +200,8 @@ async def test_a_request_s_usage_is_read_as_it_is_recorded_not_kept_for_the_writ
     recorder.record(request)
     assert told == [(4, 1)]
     (pending,) = recorder._pending
-    assert (pending.row["prompt_tokens"], pending.row["completion_tokens"]) == (4, 1)
-    assert not any(isinstance(value, bytes) for value in pending.row.values())
+    assert (pending.row.prompt_tokens, pending.row.completion_tokens) == (4, 1)
+    assert not any(isinstance(value, bytes) for value in pending.row)
 
 
 async def test_a_batch_is_written_once_it_is_full_without_waiting_for_the_clock(ctx: Context) -> None:

@@ -11,7 +11,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import orjson
 
@@ -21,7 +21,7 @@ from credgate.limits import ListLimit, Moment, within
 from credgate.services.context import Context
 from credgate.services.projects import require_project
 from credgate.spending import BudgetRule, Charge, Price, cost_micros
-from credgate.storage import UsageRow
+from credgate.storage import RequestRow, UsageRow
 from credgate.storage.models import RequestRecord
 
 logger = logging.getLogger(__name__)
@@ -269,7 +269,7 @@ def extract_tokens(
     return usage.prompt, usage.completion
 
 
-def _record_of(request: ProxiedRequest) -> dict[str, Any]:
+def _record_of(request: ProxiedRequest) -> RequestRow:
     head = b"".join(request.head)
     tail = b"".join(request.tail) if request.tail else b""  # there is one only past a full head
     prompt, completion, model = extract_usage(
@@ -281,30 +281,30 @@ def _record_of(request: ProxiedRequest) -> dict[str, Any]:
             request.on_tokens(prompt, completion)
         except Exception:  # a listener's failure must not cost the batch its records
             logger.exception("could not report the tokens of request %s", request.request_id)
-    return dict(
-        at=request.at,
-        project_id=request.project_id,
-        request_id=request.request_id,
-        method=request.method,
-        provider=request.provider,
-        endpoint=request.endpoint[:2048],
-        status=request.status,
-        duration_ms=round(request.duration_ms, 3),
-        request_bytes=request.request_bytes,
-        response_bytes=request.response_bytes,
-        prompt_tokens=prompt,
-        completion_tokens=completion,
-        model=model,
-        cost_micros=cost,
-        admitted=request.admitted,
-        subject=request.subject,
+    return RequestRow(
+        request.at,
+        request.project_id,
+        request.request_id,
+        request.method,
+        request.provider,
+        request.endpoint[:2048],
+        request.status,
+        round(request.duration_ms, 3),
+        request.request_bytes,
+        request.response_bytes,
+        prompt,
+        completion,
+        model,
+        cost,
+        request.admitted,
+        request.subject,
     )
 
 
 class _Pending(NamedTuple):
     """A request as the next batch writes it: its row, its usage already read, and what the write also needs."""
 
-    row: dict[str, Any]
+    row: RequestRow
     token_hash: str
     budgets: tuple[BudgetRule, ...]
 
@@ -315,9 +315,9 @@ def _count_tokens(batch: Iterable[_Pending]) -> None:
     totals: dict[tuple[str, str], list[int]] = {}
     for pending in batch:
         row = pending.row
-        prompt, completion = row["prompt_tokens"], row["completion_tokens"]
+        prompt, completion = row.prompt_tokens, row.completion_tokens
         if prompt or completion:
-            total = totals.setdefault((row["project_id"], row["provider"]), [0, 0])
+            total = totals.setdefault((row.project_id, row.provider), [0, 0])
             total[0] += prompt or 0
             total[1] += completion or 0
     for (project_id, provider), (prompt, completion) in totals.items():
@@ -329,9 +329,9 @@ def _charges(batch: Sequence[_Pending]) -> list[Charge]:
     charges = []
     for row, _, budgets in batch:
         for rule in budgets:
-            amount = rule.charge(row["prompt_tokens"], row["completion_tokens"], row["cost_micros"])
+            amount = rule.charge(row.prompt_tokens, row.completion_tokens, row.cost_micros)
             if amount:
-                charges.append((rule, row["at"], amount))
+                charges.append((rule, row.at, amount))
     return charges
 
 

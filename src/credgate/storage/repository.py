@@ -4,7 +4,7 @@ from collections.abc import Mapping, Sequence
 from contextlib import suppress
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 from sqlalchemy import Table, case, delete, func, insert, literal, select, update
 from sqlalchemy.exc import IntegrityError
@@ -48,6 +48,27 @@ _SQLITE_RECORDS_INSERT = (  # our own names: nothing from outside is in the text
 _IDENTITY_CLAIMS_LOCK = 0x6367_6964  # "cgid"
 # The meta row holding the hash of the audit log's newest entry: locked by every append, so appends queue.
 AUDIT_HEAD = "audit_head"
+
+
+class RequestRow(NamedTuple):
+    """A request log row as written: the table's columns, in its order (a tuple: one per proxied request)."""
+
+    at: datetime
+    project_id: str
+    request_id: str
+    method: str
+    provider: str
+    endpoint: str
+    status: int
+    duration_ms: float
+    request_bytes: int
+    response_bytes: int
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    model: str | None
+    cost_micros: int | None
+    admitted: bool
+    subject: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,7 +308,7 @@ class Repository:
 
     # request records
 
-    async def insert_request_records(self, rows: Sequence[Mapping[str, object]]) -> None:
+    async def insert_request_records(self, rows: Sequence[RequestRow]) -> None:
         """The rows in one statement, executed many: no ORM objects, nor the ORM's bulk path, on the proxy's event loop.
 
         PostgreSQL: a Core INSERT, executed many. SQLite: the rows' values bound, 60 rows a statement, executed
@@ -299,11 +320,21 @@ class Repository:
             return
         dialect = self._session.get_bind().dialect
         if dialect.name != "sqlite":
-            await self._session.execute(insert(_REQUEST_RECORDS), list(rows))
+            await self._session.execute(insert(_REQUEST_RECORDS), [row._asdict() for row in rows])
             return
-        binds = [(column.name, column.type.dialect_impl(dialect).bind_processor(dialect)) for column in _RECORD_COLUMNS]
-        values = [row[name] if bind is None else bind(row[name]) for row in rows for name, bind in binds]
-        width = len(binds) * _SQLITE_RECORDS_A_STATEMENT
+        # Only the columns whose type converts a value (a moment, a float, a boolean) are gone through one by one.
+        converted = [
+            (index, bind)
+            for index, column in enumerate(_RECORD_COLUMNS)
+            if (bind := column.type.dialect_impl(dialect).bind_processor(dialect)) is not None
+        ]
+        values: list[object] = []
+        for row in rows:
+            start = len(values)
+            values += row
+            for index, bind in converted:
+                values[start + index] = bind(values[start + index])
+        width = len(_RECORD_COLUMNS) * _SQLITE_RECORDS_A_STATEMENT
         values += [None] * (-len(values) % width)
         statements = [tuple(values[start : start + width]) for start in range(0, len(values), width)]
         connection = await self._session.connection()
