@@ -210,6 +210,28 @@ async def test_bi02_a_head_sent_too_slowly_gets_408_and_the_connection_closes(ga
     assert b"the request head was not sent in time" in answer
 
 
+async def test_bi02_the_next_head_on_a_kept_alive_connection_is_timed_from_its_first_byte(gateway_url: str) -> None:
+    """A head that comes whole arms no timer: the one after it, sent slowly on the same connection, is still cut at
+    the timeout (0.5 s here), counted from its first byte, not from the idle time before it (1 s)."""
+    host, port = gateway_url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        writer.write(head("/healthz"))
+        first = await asyncio.wait_for(reader.readuntil(b'{"status":"ok"}'), 5)
+        await asyncio.sleep(1.0)
+        writer.write(b"GET /healthz HTTP/1.1\r\nHost: gateway\r\nX-Slow: ")
+        await writer.drain()
+        started = asyncio.get_running_loop().time()
+        second = await asyncio.wait_for(reader.read(65536), 5)
+        waited = asyncio.get_running_loop().time() - started
+    finally:
+        writer.close()
+    assert first.startswith(b"HTTP/1.1 200 ")
+    assert second.startswith(b"HTTP/1.1 408 ")
+    assert b"the request head was not sent in time" in second
+    assert 0.3 < waited < 2.0
+
+
 async def test_bi02_a_connection_that_sends_nothing_is_closed_at_the_head_timeout(gateway_url: str) -> None:
     answer = await exchange(gateway_url, b"", read_for=3)
     assert answer.startswith(b"HTTP/1.1 408 ")
