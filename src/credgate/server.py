@@ -155,7 +155,7 @@ class BoundedHttpProtocol(HttpToolsProtocol):
             super().data_received(data)
             if starting and self._head_bytes:
                 # The head goes on past these bytes: its time runs from now. One that came whole (nearly every
-                # one) arms no timer: arming and cancelling one a request was half a percent of its instructions.
+                # one) arms no timer: arming and cancelling one a request was about 1% of its instructions.
                 self._head_timer.arm(self._head_timed_out)
             return
         # The head may still end within the allowed part (the rest being body, or the next request): feed that
