@@ -19,7 +19,7 @@ from credgate.services.usage import UsageRecorder
 if __name__ == "__main__":
     feature = sys.argv.pop(1) if len(sys.argv) > 1 else ""
     if feature == "metrics":
-        metrics.request_served = lambda *_args: None
+        metrics.RequestCounts.served = lambda *_args: None  # type: ignore[method-assign]
     elif feature == "request-log":
         UsageRecorder.record = lambda _self, _request: None  # type: ignore[method-assign,assignment]
     else:

@@ -22,15 +22,16 @@ import json, os, sys
 from credgate import metrics
 
 asked = []
+counts = metrics.RequestCounts()  # outside an event loop: counted at once
 sys.setprofile(lambda frame, event, arg: asked.append(1) if event == "c_call" and arg is os.getpid else None)
-metrics.request_served("p1", "openai", 200, 0.01, 0.001)
+counts.served("p1", "openai", 200, 0.01, 0.001)
 metrics.tokens_counted("p1", "openai", 3, 4)
 sys.setprofile(None)
 counted_asking = len(asked)
 child = os.fork()
 if child == 0:
-    metrics.request_served("p1", "openai", 200, 0.01, 0.001)
-    metrics.request_served("p1", "openai", 200, 0.01, 0.001)
+    counts.served("p1", "openai", 200, 0.01, 0.001)
+    counts.served("p1", "openai", 200, 0.01, 0.001)
     os._exit(0)
 os.waitpid(child, 0)
 print(json.dumps({"parent": os.getpid(), "child": child, "counted_asking": counted_asking}))
@@ -81,8 +82,9 @@ def _counted_in_one_turn(served: list[tuple[str, str, int, float, float]]) -> di
     before = _samples(REGISTRY, "credgate_")
 
     async def one_turn() -> bool:
+        counts = metrics.RequestCounts()
         for request in served:
-            metrics.request_served(*request)
+            counts.served(*request)
         shown_early = _samples(REGISTRY, "credgate_") != before
         await asyncio.sleep(0)
         return shown_early

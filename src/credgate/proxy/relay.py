@@ -153,6 +153,7 @@ class ProxyApp:
         self.places: Places = places or LocalPlaces()
         recorder.settle = self.budgets.settle
         self.deadlines = Deadlines()
+        self.counts = metrics.RequestCounts()
         self.in_flight = 0
         self._in_flight_to_show = False  # the gauge is to be set at the end of this turn
         # The shared public-only session, and one per integration's list of exceptions to the guard.
@@ -287,7 +288,7 @@ class ProxyApp:
             record.duration_ms = duration * 1000
             self.recorder.record(record)
             overhead = duration if record.overhead_ms is None else record.overhead_ms / 1000
-            metrics.request_served(access.project_id, label, record.status, duration, overhead)
+            self.counts.served(access.project_id, label, record.status, duration, overhead)
 
     async def _authenticate(self, scope: Scope, provider: str) -> tuple[Access, str, ClientGrant | None, str | None]:
         """The access the client's token grants, the token (which must go nowhere else), a client token's grant,
