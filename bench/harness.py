@@ -40,6 +40,12 @@ def pin_this_process(core: str) -> None:
         os.sched_setaffinity(0, {int(core)})
 
 
+def start_upstream(port: int) -> "subprocess.Popen[bytes]":
+    """The stand-in upstream (bench/upstream.py) on `port`, pinned to the load's core."""
+    command = pinned(LOAD_CORE, [sys.executable, str(HERE / "upstream.py"), str(port)])
+    return subprocess.Popen(command, stdout=subprocess.DEVNULL)
+
+
 def wait_for_port(port: int, timeout: float = 20) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

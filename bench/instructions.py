@@ -32,6 +32,7 @@ from harness import (
     free_port,
     gateway_env,
     pinned,
+    start_upstream,
     wait_for_port,
 )
 from run import LUA
@@ -57,9 +58,7 @@ def main() -> None:
     token = add_bench_project(env, upstream_port, ["POST chat/completions"])
     script = work / "post.lua"
     script.write_text(LUA % token)
-    upstream = subprocess.Popen(
-        pinned(LOAD_CORE, [sys.executable, str(HERE / "upstream.py"), str(upstream_port)]), stdout=subprocess.DEVNULL
-    )
+    upstream = start_upstream(upstream_port)
     worktrees: list[Path] = []
     try:
         wait_for_port(upstream_port)

@@ -25,6 +25,7 @@ from harness import (
     free_port,
     gateway_env,
     pinned,
+    start_upstream,
     wait_for_port,
 )
 from run import LUA
@@ -50,9 +51,7 @@ def main() -> None:
     token = add_bench_project(env, upstream_port, ["POST chat/completions"])
     script = work / "post.lua"
     script.write_text(LUA % token)
-    upstream = subprocess.Popen(
-        pinned(LOAD_CORE, [sys.executable, str(HERE / "upstream.py"), str(upstream_port)]), stdout=subprocess.DEVNULL
-    )
+    upstream = start_upstream(upstream_port)
     if options.bare:
         upstream_url = f"http://127.0.0.1:{upstream_port}/v1"
         serve = [sys.executable, str(HERE / "bare_proxy.py"), str(gateway_port), upstream_url, token, KEY]

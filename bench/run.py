@@ -50,6 +50,7 @@ from harness import (
     peak_rss_mb,
     pinned,
     rss_mb,
+    start_upstream,
     store_section,
     wait_for_port,
 )
@@ -290,9 +291,7 @@ def main() -> None:
         systems.append(System(CAPPED, command, capped_port, chat, sse, shared, capped))
     else:
         print(f"no Redis answers at {REDIS_URL}: the shared rate limit is not measured", file=sys.stderr)
-    upstream = subprocess.Popen(
-        pinned(LOAD_CORE, [sys.executable, str(HERE / "upstream.py"), str(upstream_port)]), stdout=subprocess.DEVNULL
-    )
+    upstream = start_upstream(upstream_port)
     try:
         wait_for_port(upstream_port)
         for system in systems:

@@ -264,9 +264,7 @@ def plan_upstream(
     if integration.headers:
         excluded = sent.union(_DROPPED_REQUEST_HEADERS, placed, named or ())
         upstream_headers += [
-            (name, value)
-            for name, value in integration.headers.items()
-            if canonical_header(name.encode()) not in excluded
+            (name, value) for name, value in integration.headers.items() if _canonical[name.encode()] not in excluded
         ]
     upstream_headers += placed_headers
     url = f"{integration.base_url}/{raw_endpoint}"
