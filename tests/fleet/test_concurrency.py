@@ -7,9 +7,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from starlette.types import Message
 
 from credgate.fleet import Fleet, open_fleet
 from credgate.fleet.concurrency import LocalPlaces, Place, SharedPlaces
+from credgate.proxy.client import FreeingSend
 from tests.redis_server import PrivateRedis, calls_sent, private_redis, unique_namespace
 
 
@@ -116,6 +118,51 @@ async def test_a_request_that_leaves_while_its_place_is_asked_for_gives_it_back(
     assert place is not None
     assert place.member is not None
     await other.aclose()
+
+
+async def test_a_response_frees_its_place_for_every_process_before_its_last_message_goes(
+    fleets: list[Fleet],
+) -> None:
+    """A client that sends its next request as soon as it has an answer must find the place free, on whichever
+    instance that request reaches: the place is out of Redis before the response's last bytes leave."""
+    shared, other = places(fleets)[:2]
+    counted_at: list[tuple[bool, int]] = []
+
+    async def client(message: Message) -> None:
+        if message["type"] == "http.response.body":
+            counted_at.append((message.get("more_body", False), await under_way(fleets[0], "p1")))
+
+    place = await shared.take("p1", 1)
+    assert place is not None
+    send = FreeingSend(client, shared, place)
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": b"data: 1\n\n", "more_body": True})
+    await send({"type": "http.response.body", "body": b"data: 2\n\n"})
+    assert counted_at == [(True, 1), (False, 0)]
+    assert await other.take("p1", 1) is not None  # at once, in another process
+    send.give_back()  # the request ends: its place went back already, and is not given back twice
+    await shared.aclose()
+    assert await under_way(fleets[0], "p1") == 1  # the other process's
+
+
+async def test_a_response_cut_off_before_its_end_gives_its_place_back_once() -> None:
+    local = LocalPlaces()
+    place = local.take_now("p1", 2)
+    assert place is not None
+    sent: list[Message] = []
+
+    async def client(message: Message) -> None:
+        sent.append(message)
+
+    send = FreeingSend(client, local, place)
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": b"data: 1\n\n", "more_body": True})
+    assert local.take_now("p1", 2) is not None
+    assert local.take_now("p1", 2) is None  # still held while the stream is under way
+    send.give_back()
+    send.give_back()
+    assert [local.take_now("p1", 2) is not None for _ in range(2)] == [True, False]  # one place back, not two
+    assert len(sent) == 2
 
 
 @pytest.fixture

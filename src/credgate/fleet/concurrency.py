@@ -2,11 +2,12 @@
 instance that share a Redis.
 
 In Redis, a project's requests under way are the members of one sorted set, each scored with the end of its
-lease. A request takes a place when fewer members than the cap hold an unexpired lease and gives it back when it
-ends: one script call for the requests of each event-loop turn, either way. Each process renews the leases of its
-requests every third of a lease, so a long stream keeps its place, while the places of a process that dies free
-themselves when their leases run out. When Redis does not answer, places are counted in this process (logged
-once), and Redis is tried again a second later.
+lease. A request takes a place when fewer members than the cap hold an unexpired lease and gives it back as it
+ends (before its response's last bytes, so that a client may send its next request at once): one script call for
+the requests of each event-loop turn, either way. Each process renews the leases of its requests every third of a
+lease, so a long stream keeps its place, while the places of a process that dies free themselves when their
+leases run out. When Redis does not answer, places are counted in this process (logged once), and Redis is tried
+again a second later.
 """
 
 import asyncio
@@ -85,6 +86,11 @@ class Places(Protocol):
         """Never waits, never raises."""
         ...
 
+    async def free(self, place: Place) -> None:
+        """Give the place back and return once every process counts it free (within Redis's answer timeout; at
+        once while Redis does not answer, its lease then frees it). Never raises."""
+        ...
+
 
 class LocalPlaces:
     """The project's requests under way in this process."""
@@ -108,6 +114,9 @@ class LocalPlaces:
             self._under_way[place.project_id] = count
         else:
             self._under_way.pop(place.project_id, None)
+
+    async def free(self, place: Place) -> None:
+        self.give_back(place)
 
 
 class SharedPlaces:
@@ -149,12 +158,22 @@ class SharedPlaces:
         return Place(project_id, member)
 
     def give_back(self, place: Place) -> None:
+        member = self._released(place)
+        if member is not None:
+            self._returns.tell(member)
+
+    async def free(self, place: Place) -> None:
+        member = self._released(place)
+        if member is not None:
+            await self._returns.ask(member)
+
+    def _released(self, place: Place) -> tuple[str, str] | None:
+        """The (set, member) to remove from Redis, once; a place counted in this process is given back here."""
         if place.member is None:
             self._local.give_back(place)
-            return
+            return None
         key = self._held.pop(place.member, None)
-        if key is not None:
-            self._returns.tell((key, place.member))
+        return None if key is None else (key, place.member)
 
     def _left(self, asked: tuple[str, str, int], taken: bool) -> None:
         """A request that left as its place was being taken: the place goes back."""

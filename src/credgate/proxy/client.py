@@ -1,13 +1,15 @@
-"""The client side of a proxied request: its body as the upstream reads it, a client that leaves, and the
-gateway's own error answers. Raw ASGI, no knowledge of the upstream."""
+"""The client side of a proxied request: its body as the upstream reads it, a client that leaves, the gateway's own
+error answers, and a place under the project's cap freed before the answer ends. Raw ASGI, no knowledge of the
+upstream."""
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
 
-from starlette.types import Receive, Send
+from starlette.types import Message, Receive, Send
 
 from credgate.error_responses import ERROR_HEADER, error_body
 from credgate.errors import ServiceError
+from credgate.fleet.concurrency import Place, Places
 from credgate.proxy.deadlines import Deadlines
 
 WATCH_DELAY_SECONDS = 0.2
@@ -159,3 +161,27 @@ async def send_error(send: Send, error: ServiceError) -> int:
     await send({"type": "http.response.start", "status": error.status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
     return len(body)
+
+
+class FreeingSend:
+    """The send of a request that holds a place under its project's cap: the place is freed, for every process,
+    before the response's last message goes. A client that sends its next request the moment it has an answer
+    (an SDK with as many connections as the cap, say) then finds the place free on whichever instance it reaches."""
+
+    __slots__ = ("_place", "_places", "_send")
+
+    def __init__(self, send: Send, places: Places, place: Place) -> None:
+        self._send, self._places = send, places
+        self._place: Place | None = place
+
+    async def __call__(self, message: Message) -> None:
+        if self._place is not None and message["type"] == "http.response.body" and not message.get("more_body"):
+            place, self._place = self._place, None
+            await self._places.free(place)
+        await self._send(message)
+
+    def give_back(self) -> None:
+        """The place of a response that did not end (cut off, its client gone), if it is still held."""
+        if self._place is not None:
+            place, self._place = self._place, None
+            self._places.give_back(place)

@@ -42,6 +42,7 @@ from credgate.proxy.client import (
     BodyTooLarge,
     ClientIdle,
     ClientWatch,
+    FreeingSend,
     RequestBody,
     send_error,
 )
@@ -266,11 +267,13 @@ class ProxyApp:
                 provider=label, project_id=access.project_id, request_id=record.request_id, endpoint=raw_endpoint
             )
             record.on_tokens = span.tokens_counted
-        place: Place | None = None  # its place under the project's cap on requests under way, if it has one
+        freeing: FreeingSend | None = None  # the send of a request with a place under the project's cap
         try:
             integration, credential, length, place = await self._authorize(
                 scope, access, provider, raw_endpoint, record, grant=grant, origin=origin
             )
+            if place is not None:
+                send = freeing = FreeingSend(send, self.places, place)
             await self._relay(scope, receive, send, integration, credential, length, raw_endpoint, record, token, span)
         except ServiceError as error:
             record.status = error.status
@@ -282,8 +285,8 @@ class ProxyApp:
             record.status = internal.status
             record.response_bytes = await send_error(send, internal)
         finally:
-            if place is not None:
-                self.places.give_back(place)
+            if freeing is not None:
+                freeing.give_back()
             duration = time.perf_counter() - started
             record.duration_ms = duration * 1000
             self.recorder.record(record)
