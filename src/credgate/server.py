@@ -7,8 +7,9 @@ both cases the connection closes, so memory per connection stays bounded whateve
 a client that stops reading holds its response (and, through flow control, the upstream's) for at most
 `send_timeout_seconds`, then its connection is closed.
 
-With `workers` above 1, the parent binds the socket and uvicorn's supervisor runs that many worker processes on
-it (see `run_workers`): each runs the whole gateway, attached to the database the parent checked and migrated.
+With `workers` above 1, the parent binds and listens on the socket and uvicorn's supervisor runs that many worker
+processes on it (see `run_workers`): each runs the whole gateway, attached to the database the parent checked and
+migrated.
 """
 
 import asyncio
@@ -48,6 +49,7 @@ WORKER_HEALTHCHECK_SECONDS = 10  # a worker that does not answer the supervisor'
 # An idle client connection is closed after this; a front proxy keeping idle connections to credgate must drop
 # them sooner, or it may send a request on one credgate is closing (docs/deploy/nginx.conf: 4 s).
 KEEP_ALIVE_SECONDS = 5
+BACKLOG = 2048  # uvicorn's default: connections waiting to be accepted
 WORKER_EXIT_MARGIN_SECONDS = 5.0  # after the drain, for a worker's shutdown (closing its pools) before it is killed
 
 GatewayFactory = Callable[..., ASGIApp]
@@ -269,6 +271,7 @@ def _options(settings: Settings) -> dict[str, Any]:
         "log_config": None,
         "timeout_graceful_shutdown": settings.drain_seconds,
         "timeout_keep_alive": KEEP_ALIVE_SECONDS,
+        "backlog": BACKLOG,
     }
 
 
@@ -292,12 +295,19 @@ def _bind(host: str, port: int) -> socket.socket:
     return listener
 
 
-def run_workers(settings: Settings, build: GatewayFactory, *, database_id: str) -> None:
-    """Serve with `settings.workers` processes on one socket, bound here, once the caller has opened, checked and
-    migrated database `database_id`. A worker that dies is replaced; SIGTERM or SIGINT drains every worker and
-    returns. StartupError when a worker could not start (the supervisor then stops them all)."""
+def listen(listeners: list[socket.socket]) -> None:
+    """Accept connections from now on, before the server (or any worker) has started: until one accepts it, a
+    connection waits in the backlog. Refused, it would make a load balancer take this instance out for a while
+    (nginx's `fail_timeout`), and a rolling restart could then find every instance out at once."""
+    for listener in listeners:
+        listener.listen(BACKLOG)
+
+
+def run_workers(settings: Settings, build: GatewayFactory, listeners: list[socket.socket], *, database_id: str) -> None:
+    """Serve with `settings.workers` processes on `listeners` (from `bind_listeners`), once the caller has opened,
+    checked and migrated database `database_id`. A worker that dies is replaced; SIGTERM or SIGINT drains every
+    worker and returns. StartupError when a worker could not start (the supervisor then stops them all)."""
     config = WorkerConfig(settings, build, database_id)
-    listeners = bind_listeners(settings)
     supervisor = _Supervisor(config, sockets=listeners)
     # The workers' metrics, summed by whichever worker answers /metrics: a folder of this run's own.
     metrics_dir = None
@@ -307,8 +317,6 @@ def run_workers(settings: Settings, build: GatewayFactory, *, database_id: str) 
         with _main_not_rerun_in_workers():
             supervisor.run()
     finally:
-        for listener in listeners:
-            listener.close()
         if metrics_dir is not None:
             shutil.rmtree(metrics_dir, ignore_errors=True)
     if any(worker.exitcode == STARTUP_FAILURE for worker in supervisor.processes):

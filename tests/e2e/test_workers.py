@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from credgate.config import Settings
 from credgate.services import admins, projects
 from credgate.services.bootstrap import open_context
-from tests.e2e.conftest import Project, RunningGateway, add_custom, start_gateway, stop_gateway
+from tests.e2e.conftest import CREDGATE, Project, RunningGateway, add_custom, free_port, start_gateway, stop_gateway
 from tests.secret_sweep import SWEEP
 from tests.upstream import Upstream
 
@@ -165,6 +165,34 @@ async def test_migrations_and_first_run_setup_happen_once_in_the_parent(served: 
     assert len(SETUP_LINK.findall(log)) == 1
     assert log.count("credgate is serving at") == 1
     assert not workers & {int(pid) for pid in migrators}
+
+
+@pytest.mark.parametrize("workers", [1, WORKERS])
+def test_a_request_sent_the_moment_the_gateway_says_it_serves_is_answered_not_refused(
+    tmp_path: Path, workers: int
+) -> None:
+    """Its workers (or its server) may not have started: the connection waits for them. Refused, it would make a
+    load balancer take the instance out for a while, and a rolling restart could find every instance out."""
+    port = free_port()
+    env = {name: value for name, value in os.environ.items() if not name.startswith("CREDGATE_TEST_")}
+    env["CREDGATE_DATA_DIR"] = str(tmp_path / "data")
+    command = [CREDGATE, "serve", "--port", str(port), "--workers", str(workers)]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+    output: list[bytes] = []
+    try:
+        assert process.stdout is not None
+        for line in process.stdout:  # until the announcement, at which the start is not over
+            output.append(line)
+            if line.startswith(b"credgate is serving at"):
+                break
+        started = len(re.findall(rb"Application startup complete", b"".join(output)))
+        answer = httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=STARTUP_SECONDS)
+    finally:
+        process.terminate()
+        rest, _ = process.communicate(timeout=30)
+        SWEEP.capture("gateway output", b"".join([*output, rest]).decode(errors="replace"))
+    assert started == 0, "the announcement came after a server had started: this test no longer tests the wait"
+    assert answer.status_code == 200
 
 
 SSE = "/proxy/stand-in/sse?delay=0.1&n=10"

@@ -2,6 +2,7 @@
 
 import asyncio
 import logging
+import socket
 from collections.abc import Coroutine
 from typing import Any
 
@@ -41,23 +42,18 @@ def serve(settings: Settings, host: str | None, port: int | None, workers: int |
     )
     configure_logging(settings)
 
-    async def run_server() -> None:
-        listeners = bind_listeners(settings)
+    async def run_server(listeners: list[socket.socket]) -> None:
+        ctx = await _open_and_announce(settings, listeners)
+        server = uvicorn.Server(server_config(create_app(settings, context=ctx), settings))
+        exit_zero_on_sigterm()
         try:
-            ctx = await _open_and_announce(settings)
-            server = uvicorn.Server(server_config(create_app(settings, context=ctx), settings))
-            exit_zero_on_sigterm()
-            try:
-                await server.serve(sockets=listeners)
-            finally:
-                await ctx.close()
+            await server.serve(sockets=listeners)
         finally:
-            for listener in listeners:
-                listener.close()
+            await ctx.close()
 
-    async def prepare_workers() -> str:
+    async def prepare_workers(listeners: list[socket.socket]) -> str:
         """Migrations, the identity check and first-run setup happen here, once, before any worker starts."""
-        ctx = await _open_and_announce(settings)
+        ctx = await _open_and_announce(settings, listeners)
         await ctx.close()
         if ctx.database.database_id is None:
             raise AssertionError("unreachable: open_context settles the database's id")
@@ -65,18 +61,27 @@ def serve(settings: Settings, host: str | None, port: int | None, workers: int |
 
     try:
         tracing_requested()  # the OTEL_* variables checked before anything starts (each worker opens its tracing)
-        if settings.workers == 1:
-            _run_loop(run_server())
-        else:
-            run_workers(settings, create_app, database_id=asyncio.run(prepare_workers()))
+        listeners = bind_listeners(settings)  # a port in use fails the start before anything else
+        try:
+            if settings.workers == 1:
+                _run_loop(run_server(listeners))
+            else:
+                run_workers(settings, create_app, listeners, database_id=asyncio.run(prepare_workers(listeners)))
+        finally:
+            for listener in listeners:
+                listener.close()
     except StartupError as error:
         fail(str(error), 5)
 
 
-async def _open_and_announce(settings: Settings) -> Context:
-    """Open (and migrate) the gateway's state, then tell the operator where it serves: once, whatever the workers."""
+async def _open_and_announce(settings: Settings, listeners: list[socket.socket]) -> Context:
+    """Open (and migrate) the gateway's state, then listen and tell the operator where it serves: once, whatever
+    the workers."""
+    from credgate.server import listen
+
     ctx = await open_context(settings)
     try:
+        listen(listeners)
         base = f"http://{settings.host}:{settings.port}"
         admin_listener = settings.admin_listener
         admin_base = base if admin_listener is None else f"http://{admin_listener[0]}:{admin_listener[1]}"
