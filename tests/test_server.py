@@ -1,5 +1,6 @@
 """The HTTP server around the gateway: what a spawned worker runs before it, and how long idle connections live."""
 
+import inspect
 import multiprocessing
 import os
 import re
@@ -8,6 +9,7 @@ import types
 from pathlib import Path
 
 import pytest
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from credgate.config import Settings
 from credgate.server import KEEP_ALIVE_SECONDS, _main_not_rerun_in_workers, server_config
@@ -48,3 +50,15 @@ def test_the_shipped_nginx_drops_idle_connections_to_credgate_before_credgate_cl
     timeout = re.search(r"^\s*keepalive_timeout (\d+)s;", upstream.group(1), re.MULTILINE)
     assert timeout is not None, "the upstream block keeps idle connections for nginx's default 60 s"
     assert int(timeout.group(1)) < KEEP_ALIVE_SECONDS
+
+
+def test_uvicorn_still_reads_a_header_as_the_gateways_protocol_repeats_it() -> None:
+    """BoundedHttpProtocol.on_header repeats uvicorn's, counting headers as it goes: should uvicorn's change, ours
+    must take the change too."""
+    assert inspect.getsource(HttpToolsProtocol.on_header) == (
+        "    def on_header(self, name: bytes, value: bytes) -> None:\n"
+        "        name = name.lower()\n"
+        '        if name == b"expect" and value.lower() == b"100-continue":\n'
+        "            self.expect_100_continue = True\n"
+        "        self.headers.append((name, value))\n"
+    )

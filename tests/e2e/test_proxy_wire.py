@@ -113,6 +113,27 @@ async def test_request_body_reaches_the_upstream_before_the_client_has_sent_it_a
     assert response.content == b"ok"
 
 
+async def test_a_client_that_expects_100_continue_gets_it_then_its_body_is_relayed(
+    proxy: httpx.AsyncClient, upstream: Upstream, project: Project, gateway_url: str
+) -> None:
+    """As curl does for a large upload: the head alone, the body only once the gateway says to go on."""
+    body = os.urandom(4096)
+    host, port = gateway_url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        writer.write(
+            f"POST /proxy/wire/echo/upload HTTP/1.1\r\nHost: gateway\r\nAuthorization: Bearer {project.token}\r\n"
+            f"Content-Length: {len(body)}\r\nExpect: 100-Continue\r\nConnection: close\r\n\r\n".encode()
+        )
+        assert await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5) == b"HTTP/1.1 100 Continue\r\n\r\n"
+        writer.write(body)
+        answer = await asyncio.wait_for(reader.read(), 5)
+    finally:
+        writer.close()
+    assert answer.startswith(b"HTTP/1.1 200 ")
+    assert upstream.last.body == body
+
+
 async def test_binary_download_is_relayed_byte_exact(proxy: httpx.AsyncClient) -> None:
     response = await proxy.get("binary")
     assert response.headers["content-type"] == "audio/mpeg"
