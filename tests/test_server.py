@@ -53,8 +53,9 @@ def test_the_shipped_nginx_drops_idle_connections_to_credgate_before_credgate_cl
 
 
 def test_uvicorn_still_reads_a_header_as_the_gateways_protocol_repeats_it() -> None:
-    """BoundedHttpProtocol.on_header repeats uvicorn's, counting headers as it goes: should uvicorn's change, ours
-    must take the change too."""
+    """BoundedHttpProtocol.on_header repeats uvicorn's, counting headers as it goes (in uvicorn's list, new for each
+    request): should uvicorn's change, ours must take the change too."""
+    assert "        self.headers = []\n" in inspect.getsource(HttpToolsProtocol.on_message_begin)
     assert inspect.getsource(HttpToolsProtocol.on_header) == (
         "    def on_header(self, name: bytes, value: bytes) -> None:\n"
         "        name = name.lower()\n"

@@ -49,7 +49,7 @@ WORKER_HEALTHCHECK_SECONDS = 10  # a worker that does not answer the supervisor'
 # An idle client connection is closed after this; a front proxy keeping idle connections to credgate must drop
 # them sooner, or it may send a request on one credgate is closing (docs/deploy/nginx.conf: 4 s).
 KEEP_ALIVE_SECONDS = 5
-BACKLOG = 2048  # uvicorn's default: connections waiting to be accepted
+BACKLOG = 2048  # connections waiting to be accepted: the same for the early listen() and uvicorn's own
 WORKER_EXIT_MARGIN_SECONDS = 5.0  # after the drain, for a worker's shutdown (closing its pools) before it is killed
 
 GatewayFactory = Callable[..., ASGIApp]

@@ -49,6 +49,7 @@ POLL_SECONDS = 1.0
 STARTUP_SECONDS = 90
 NGINX = "/usr/sbin/nginx"
 NGINX_CONF = Path(__file__).parents[2] / "docs" / "deploy" / "nginx.conf"
+FAIL_TIMEOUT_SECONDS = 5  # its fail_timeout: how long nginx leaves out an instance that refused a connection
 # The measurements, for `pytest tests/e2e/test_fleet.py -o log_cli=true --log-cli-level=INFO`.
 logger = logging.getLogger(__name__)
 
@@ -565,6 +566,8 @@ async def test_an_instance_stopped_mid_stream_finishes_the_stream_and_a_rolling_
                 assert await exit_code == 0
             await asyncio.to_thread(instance.start)
             await asyncio.to_thread(instance.wait_ready)
+            if instance is not fleet.instances[-1]:  # as docs/deploy.md says: nginx's fail_timeout before the next
+                await asyncio.sleep(FAIL_TIMEOUT_SECONDS)
         restarting.set()
         return streams
 

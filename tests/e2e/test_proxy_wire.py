@@ -130,6 +130,7 @@ async def test_a_client_that_expects_100_continue_gets_it_then_its_body_is_relay
         answer = await asyncio.wait_for(reader.read(), 5)
     finally:
         writer.close()
+        await writer.wait_closed()
     assert answer.startswith(b"HTTP/1.1 200 ")
     assert upstream.last.body == body
 

@@ -10,6 +10,7 @@ import os
 import re
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
@@ -179,15 +180,19 @@ def test_a_request_sent_the_moment_the_gateway_says_it_serves_is_answered_not_re
     command = [CREDGATE, "serve", "--port", str(port), "--workers", str(workers)]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
     output: list[bytes] = []
+    silent_too_long = threading.Timer(STARTUP_SECONDS, process.kill)  # the reading below cannot hang the suite
+    silent_too_long.start()
     try:
         assert process.stdout is not None
         for line in process.stdout:  # until the announcement, at which the start is not over
             output.append(line)
             if line.startswith(b"credgate is serving at"):
                 break
+        silent_too_long.cancel()
         started = len(re.findall(rb"Application startup complete", b"".join(output)))
         answer = httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=STARTUP_SECONDS)
     finally:
+        silent_too_long.cancel()
         process.terminate()
         rest, _ = process.communicate(timeout=30)
         SWEEP.capture("gateway output", b"".join([*output, rest]).decode(errors="replace"))

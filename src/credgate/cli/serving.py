@@ -43,7 +43,7 @@ def serve(settings: Settings, host: str | None, port: int | None, workers: int |
     configure_logging(settings)
 
     async def run_server(listeners: list[socket.socket]) -> None:
-        ctx = await _open_and_announce(settings, listeners)
+        ctx = await _open_listen_and_announce(settings, listeners)
         server = uvicorn.Server(server_config(create_app(settings, context=ctx), settings))
         exit_zero_on_sigterm()
         try:
@@ -53,7 +53,7 @@ def serve(settings: Settings, host: str | None, port: int | None, workers: int |
 
     async def prepare_workers(listeners: list[socket.socket]) -> str:
         """Migrations, the identity check and first-run setup happen here, once, before any worker starts."""
-        ctx = await _open_and_announce(settings, listeners)
+        ctx = await _open_listen_and_announce(settings, listeners)
         await ctx.close()
         if ctx.database.database_id is None:
             raise AssertionError("unreachable: open_context settles the database's id")
@@ -74,7 +74,7 @@ def serve(settings: Settings, host: str | None, port: int | None, workers: int |
         fail(str(error), 5)
 
 
-async def _open_and_announce(settings: Settings, listeners: list[socket.socket]) -> Context:
+async def _open_listen_and_announce(settings: Settings, listeners: list[socket.socket]) -> Context:
     """Open (and migrate) the gateway's state, then listen and tell the operator where it serves: once, whatever
     the workers."""
     from credgate.server import listen

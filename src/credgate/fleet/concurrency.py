@@ -87,8 +87,8 @@ class Places(Protocol):
         ...
 
     async def free(self, place: Place) -> None:
-        """Give the place back and return once every process counts it free (within Redis's answer timeout; at
-        once while Redis does not answer, its lease then frees it). Never raises."""
+        """Give the place back and return once every process counts it free: within Redis's answer timeout, or at
+        once while Redis is known not to answer (its lease frees it then). Never raises but for a cancellation."""
         ...
 
 
@@ -164,8 +164,17 @@ class SharedPlaces:
 
     async def free(self, place: Place) -> None:
         member = self._released(place)
-        if member is not None:
+        if member is None:
+            return
+        if self._outage.failing:  # dropped, as a give-back: the takes keep the one call a second that tries Redis
+            self._returns.tell(member)
+            return
+        # A renewal on its way may put the place back for a moment, until the removal it then asks for.
+        try:
             await self._returns.ask(member)
+        except asyncio.CancelledError:  # maybe before the turn's call, which would then leave it out
+            self._returns.tell(member)
+            raise
 
     def _released(self, place: Place) -> tuple[str, str] | None:
         """The (set, member) to remove from Redis, once; a place counted in this process is given back here."""

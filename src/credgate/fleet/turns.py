@@ -5,8 +5,9 @@ together, the questions of a turn cost one round trip: under load one call serve
 never waits for another turn. A call that fails, or takes over ANSWER_TIMEOUT_SECONDS, answers None to each of
 its questions (the caller then counts in this process); while the outage lasts, questions are answered None at
 once, but for one call a second that tries Redis again. A question whose answer nobody waits for (a place given
-back) is told, not asked: it joins the turn's call, and is dropped while the outage lasts. Once closed (the
-process stopping), a batch calls Redis no more: what is asked then is answered None, what is told dropped.
+back after its response) is told, not asked: it joins the turn's call, and is dropped while the outage lasts. Once
+closed (the process stopping), a batch calls Redis no more: what is asked then is answered None, what is told
+dropped.
 """
 
 import asyncio
