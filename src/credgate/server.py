@@ -105,6 +105,7 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         self._head_bytes: int | None = 0  # None once the head is complete: the bytes that follow are body
         self._refusal: _HeadRefused | None = None
         self._discarding = False
+        self._draining = False  # the server is stopping: every response is the connection's last
         self._head_timer = _Timer(self.loop, self.head_timeout_seconds)
         self._send_timer = _Timer(self.loop, self.send_timeout_seconds)
 
@@ -191,6 +192,17 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         self._head_bytes = None
         self._head_timer.cancel()
         super().on_headers_complete()
+        if self._draining:
+            self.cycle.keep_alive = False  # answered with Connection: close, then the connection ends
+
+    def shutdown(self) -> None:
+        """The server stops (SIGTERM). uvicorn closes an idle kept-alive connection at once, but a front proxy may
+        be sending a request on it at that very moment, and would not resend a POST: its client would get 502.
+        Here an idle connection stays open: a request that still comes on it is served with Connection: close,
+        and one that does not ends at the keep-alive timeout, after the front proxy has dropped it (nginx: 4 s)."""
+        self._draining = True
+        if self.cycle is not None and not self.cycle.response_complete:
+            self.cycle.keep_alive = False
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
