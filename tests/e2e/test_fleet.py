@@ -347,7 +347,7 @@ def fresh_client(token: str) -> httpx.AsyncClient:
 async def test_a_revocation_through_one_instance_is_refused_by_every_instance_within_100_ms(
     fleet: Fleet, upstream: Upstream
 ) -> None:
-    """Measured 20 times: from the revocation's answer to the last instance still letting the token through."""
+    """Measured 20 times: from the revocation's answer to the last request an instance still let through."""
     delays = []
     for trial in range(20):
         project, admin_token = await add_project(fleet, upstream)
@@ -364,13 +364,15 @@ async def test_a_revocation_through_one_instance_is_refused_by_every_instance_wi
             answered = time.perf_counter()
 
             async def until_refused(instance: Instance, proxy: str = proxy, answered: float = answered) -> float:
-                """How long after the answer the instance still served the token (0: never), once each of its
-                workers has refused it."""
+                """How long after the answer a request the instance still served was sent (0: none), once each of
+                its workers has refused it. Sent, not answered: on a loaded host an answer can take longer to come
+                back than the change took to reach the instance."""
                 last_served, refused_by = answered, set[int]()
                 while len(refused_by) < WORKERS:
+                    sent = time.perf_counter()
                     response = await client.get(f"{instance.url}{proxy}")
                     if response.status_code == 200:
-                        last_served = time.perf_counter()
+                        last_served = sent
                         assert last_served - answered < 1, "served for a second after the revocation"
                     else:
                         assert response.status_code == 401
