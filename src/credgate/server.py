@@ -23,6 +23,7 @@ import socket
 import sys
 import tempfile
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -92,6 +93,88 @@ class _Timer:
         callback()
 
 
+class _Turn:
+    """The connections of one event loop whose writes wait for the end of the loop's turn, all written then, one
+    after the other."""
+
+    __slots__ = ("_loop", "waiting")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self.waiting: list[_JoinedWrites] = []
+
+    def hold(self, writes: "_JoinedWrites") -> None:
+        if not self.waiting:
+            self._loop.call_soon(self._flush)
+        self.waiting.append(writes)
+
+    def _flush(self) -> None:
+        waiting, self.waiting = self.waiting, []
+        for writes in waiting:
+            try:
+                writes.flush()
+            except Exception:  # one connection's broken transport must not keep the others' bytes back
+                logger.exception("could not write to a client connection")
+
+
+_turns: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Turn]" = weakref.WeakKeyDictionary()
+
+
+class _JoinedWrites(asyncio.Transport):
+    """A connection's transport as its responses write to it. uvicorn writes a response's head apart from its
+    body: an answer whole at once (a JSON body, an error) left as two packets, each a system call and a pass through
+    the TCP stack of both ends. Here what a connection writes waits for the end of the event-loop turn, and leaves
+    in one call; the writes of all the connections of a busy turn then follow each other, not each between other
+    requests' Python code. Together, a worker serves 10 to 15% more requests at 64 connections (bench/run.py)."""
+
+    __slots__ = ("_ended", "_held", "_transport", "_turn")
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__()
+        self._transport = transport
+        self._turn = _turns.get(loop) or _turns.setdefault(loop, _Turn(loop))
+        self._held: list[bytes] = []
+        self._ended = False
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        if self._ended:
+            return
+        if not self._held:
+            self._turn.hold(self)
+        self._held.append(bytes(data))
+
+    def flush(self) -> None:
+        held = self._held
+        if not held:
+            return
+        self._held = []
+        if self._transport.is_closing():  # aborted (a client that stopped reading), or closed: nothing more goes
+            return
+        if len(held) == 1:
+            self._transport.write(held[0])
+        else:
+            self._transport.writelines(held)
+
+    def response_complete(self) -> None:
+        """A response is whole: written now if no other connection has written this turn (a lone request's answer
+        does not wait for the bookkeeping that follows it), else at the turn's end with the others."""
+        if len(self._turn.waiting) <= 1:
+            self.flush()
+
+    def end(self) -> None:
+        """What was written goes now; what a response writes after that is dropped (the connection's last answer
+        is the server's own)."""
+        self.flush()
+        self._ended = True
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+    def is_closing(self) -> bool:
+        return self._transport.is_closing()
+
+
 class BoundedHttpProtocol(HttpToolsProtocol):
     """HttpToolsProtocol that counts the bytes and headers of each request head as they arrive, and closes a
     connection whose response waits `send_timeout_seconds` for its client to read it."""
@@ -111,6 +194,7 @@ class BoundedHttpProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        self._writes = _JoinedWrites(transport, self.loop)
         self._head_timer.arm(self._head_timed_out)  # a connection that never sends a byte is closed too
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -192,6 +276,8 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         self._head_bytes = None
         self._head_timer.cancel()
         super().on_headers_complete()
+        if self.cycle is not None:  # its response is written through the connection's joined writes
+            self.cycle.transport = self._writes
         if self._draining:
             self.cycle.keep_alive = False  # answered with Connection: close, then the connection ends
 
@@ -204,6 +290,10 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         if self.cycle is not None and not self.cycle.response_complete:
             self.cycle.keep_alive = False
 
+    def on_response_complete(self) -> None:
+        self._writes.response_complete()
+        super().on_response_complete()
+
     def on_message_complete(self) -> None:
         super().on_message_complete()
         self._head_bytes = 0  # what arrives next is the next request's head
@@ -215,6 +305,7 @@ class BoundedHttpProtocol(HttpToolsProtocol):
     def _refuse(self, status: int, message: str) -> None:
         """Answer in the service-error shape and close: the rest of this connection cannot be trusted."""
         self._head_timer.cancel()
+        self._writes.end()  # what an earlier response wrote goes first; anything it writes later, never
         request_id = secrets.token_hex(8)
         logger.warning("%d from %s: %s (request id %s)", status, _peer(self.client), message, request_id)
         body = error_body(status, message)
