@@ -2,6 +2,8 @@
 response at once, the responses of a busy turn at its end, and nothing written out of order."""
 
 import asyncio
+import gc
+import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -151,3 +153,26 @@ async def test_a_refused_pipelined_request_is_answered_after_the_response_before
     _response, refusal = written.split(b"\r\n\r\nab", 1)
     assert refusal.startswith(b"HTTP/1.1 431 ")
     assert b"cd" not in refusal
+
+
+def test_an_event_loop_that_served_a_connection_is_freed_once_closed(tmp_path: Any) -> None:
+    """The writes waiting for a loop's turn are kept per loop; that keeping must not hold the loop itself."""
+
+    async def app(scope: dict[str, Any], receive: Any, send: Send) -> None:
+        await send({"type": "http.response.start", "status": 204, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    async def serve_one() -> None:
+        protocol, transport = connect(app, data_dir=tmp_path)
+        protocol.data_received(GET)
+        await settle()
+        assert transport.calls
+        protocol.connection_lost(None)
+
+    loop = asyncio.new_event_loop()
+    loop.run_until_complete(serve_one())
+    loop.close()
+    gone = weakref.ref(loop)
+    del loop
+    gc.collect()
+    assert gone() is None

@@ -5,7 +5,8 @@ head is bounded where its bytes arrive, before the parser buffers them: over `ma
 `MAX_HEADER_COUNT` headers the client gets 431; a head not complete within `head_timeout_seconds` gets 408. In
 both cases the connection closes, so memory per connection stays bounded whatever a client sends. The other way,
 a client that stops reading holds its response (and, through flow control, the upstream's) for at most
-`send_timeout_seconds`, then its connection is closed.
+`send_timeout_seconds`, then its connection is closed. What a connection's responses write in one event-loop turn
+leaves in one system call at the turn's end (`_JoinedWrites`).
 
 With `workers` above 1, the parent binds and listens on the socket and uvicorn's supervisor runs that many worker
 processes on it (see `run_workers`): each runs the whole gateway, attached to the database the parent checked and
@@ -95,17 +96,16 @@ class _Timer:
 
 class _Turn:
     """The connections of one event loop whose writes wait for the end of the loop's turn, all written then, one
-    after the other."""
+    after the other. It holds no reference to its loop: a loop's entry in `_turns` goes with the loop."""
 
-    __slots__ = ("_loop", "waiting")
+    __slots__ = ("waiting",)
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
+    def __init__(self) -> None:
         self.waiting: list[_JoinedWrites] = []
 
-    def hold(self, writes: "_JoinedWrites") -> None:
+    def hold(self, writes: "_JoinedWrites", loop: asyncio.AbstractEventLoop) -> None:
         if not self.waiting:
-            self._loop.call_soon(self._flush)
+            loop.call_soon(self._flush)
         self.waiting.append(writes)
 
     def _flush(self) -> None:
@@ -127,12 +127,12 @@ class _JoinedWrites(asyncio.Transport):
     in one call; the writes of all the connections of a busy turn then follow each other, not each between other
     requests' Python code. Together, a worker serves 12 to 24% more requests at 64 connections (README, Performance)."""
 
-    __slots__ = ("_ended", "_held", "_transport", "_turn")
+    __slots__ = ("_ended", "_held", "_loop", "_transport", "_turn")
 
     def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
         super().__init__()
-        self._transport = transport
-        self._turn = _turns.get(loop) or _turns.setdefault(loop, _Turn(loop))
+        self._transport, self._loop = transport, loop
+        self._turn = _turns.get(loop) or _turns.setdefault(loop, _Turn())
         self._held: list[bytes] = []
         self._ended = False
 
@@ -140,7 +140,7 @@ class _JoinedWrites(asyncio.Transport):
         if self._ended:
             return
         if not self._held:
-            self._turn.hold(self)
+            self._turn.hold(self, self._loop)
         self._held.append(bytes(data))
 
     def flush(self) -> None:
