@@ -14,6 +14,7 @@ migrated.
 """
 
 import asyncio
+import contextvars
 import importlib.machinery
 import logging
 import os
@@ -27,6 +28,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from http import HTTPStatus
 from typing import Any
 
 import uvicorn
@@ -52,6 +54,9 @@ WORKER_HEALTHCHECK_SECONDS = 10  # a worker that does not answer the supervisor'
 # them sooner, or it may send a request on one credgate is closing (docs/deploy/nginx.conf: 4 s).
 KEEP_ALIVE_SECONDS = 5
 BACKLOG = 2048  # connections waiting to be accepted: the same for the early listen() and uvicorn's own
+# What a connection's response may hold for the end of the turn: past it, written at once, so that a response
+# writing much in one turn meets the transport's flow control (64 KiB) as it did written piece by piece.
+MAX_HELD_BYTES = 65536
 WORKER_EXIT_MARGIN_SECONDS = 5.0  # after the drain, for a worker's shutdown (closing its pools) before it is killed
 
 GatewayFactory = Callable[..., ASGIApp]
@@ -105,7 +110,8 @@ class _Turn:
 
     def hold(self, writes: "_JoinedWrites", loop: asyncio.AbstractEventLoop) -> None:
         if not self.waiting:
-            loop.call_soon(self._flush)
+            # In a context of its own: not that of the request that happened to write first.
+            loop.call_soon(self._flush, context=contextvars.Context())
         self.waiting.append(writes)
 
     def _flush(self) -> None:
@@ -127,13 +133,14 @@ class _JoinedWrites(asyncio.Transport):
     in one call; the writes of all the connections of a busy turn then follow each other, not each between other
     requests' Python code. Together, a worker serves 12 to 24% more requests at 64 connections (README, Performance)."""
 
-    __slots__ = ("_ended", "_held", "_loop", "_transport", "_turn")
+    __slots__ = ("_ended", "_held", "_held_bytes", "_loop", "_transport", "_turn")
 
     def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
         super().__init__()
         self._transport, self._loop = transport, loop
         self._turn = _turns.get(loop) or _turns.setdefault(loop, _Turn())
         self._held: list[bytes] = []
+        self._held_bytes = 0
         self._ended = False
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
@@ -142,12 +149,15 @@ class _JoinedWrites(asyncio.Transport):
         if not self._held:
             self._turn.hold(self, self._loop)
         self._held.append(bytes(data))
+        self._held_bytes += len(data)
+        if self._held_bytes > MAX_HELD_BYTES:
+            self.flush()
 
     def flush(self) -> None:
         held = self._held
         if not held:
             return
-        self._held = []
+        self._held, self._held_bytes = [], 0
         if self._transport.is_closing():  # aborted (a client that stopped reading), or closed: nothing more goes
             return
         if len(held) == 1:
@@ -187,6 +197,7 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         super().__init__(*args, **kwargs)
         self._head_bytes: int | None = 0  # None once the head is complete: the bytes that follow are body
         self._refusal: _HeadRefused | None = None
+        self._refusal_waiting: tuple[int, str] | None = None  # for the responses under way to complete
         self._discarding = False
         self._draining = False  # the server is stopping: every response is the connection's last
         self._head_timer = _Timer(self.loop, self.head_timeout_seconds)
@@ -276,10 +287,15 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         self._head_bytes = None
         self._head_timer.cancel()
         super().on_headers_complete()
-        if self.cycle is not None:  # its response is written through the connection's joined writes
-            self.cycle.transport = self._writes
+        if self.cycle is None:  # a WebSocket's upgrade: no HTTP response here
+            return
+        self.cycle.transport = self._writes  # its response is written through the connection's joined writes
         if self._draining:
             self.cycle.keep_alive = False  # answered with Connection: close, then the connection ends
+
+    def handle_websocket_upgrade(self) -> None:
+        self._writes.flush()  # an earlier response's bytes go before what the WebSocket's protocol writes
+        super().handle_websocket_upgrade()
 
     def shutdown(self) -> None:
         """The server stops (SIGTERM). uvicorn closes an idle kept-alive connection at once, but a front proxy may
@@ -293,6 +309,11 @@ class BoundedHttpProtocol(HttpToolsProtocol):
     def on_response_complete(self) -> None:
         self._writes.response_complete()
         super().on_response_complete()
+        # Answered once the last response is complete, unless that response ended the connection (Connection:
+        # close, a stop).
+        refusal, cycle = self._refusal_waiting, self.cycle
+        if refusal is not None and cycle is not None and cycle.response_complete and not self.transport.is_closing():
+            self._answer_refusal(*refusal)
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
@@ -303,14 +324,28 @@ class BoundedHttpProtocol(HttpToolsProtocol):
             self._refuse(408, "the request head was not sent in time")
 
     def _refuse(self, status: int, message: str) -> None:
-        """Answer in the service-error shape and close: the rest of this connection cannot be trusted."""
+        """Answer in the service-error shape and close: the rest of this connection cannot be trusted. A head
+        refused behind requests whose responses are under way (pipelined) is answered after them, so that the
+        client can still read each; one refused within a request (its body) ends that request's response."""
         self._head_timer.cancel()
-        self._writes.end()  # what an earlier response wrote goes first; anything it writes later, never
+        # What the client sends from now on is read and dropped, never kept: a lingering close follows the answer.
+        self._discarding = True
+        # A head (not a body) while the last request's response is not complete: the head of a pipelined request.
+        behind = self._head_bytes is not None and self.cycle is not None and not self.cycle.response_complete
+        self._head_bytes = None
+        if behind:
+            self._refusal_waiting = (status, message)
+        else:
+            self._answer_refusal(status, message)
+
+    def _answer_refusal(self, status: int, message: str) -> None:
+        self._refusal_waiting = None
+        self._writes.end()  # what a response wrote goes first; anything it writes later, never
         request_id = secrets.token_hex(8)
         logger.warning("%d from %s: %s (request id %s)", status, _peer(self.client), message, request_id)
         body = error_body(status, message)
         head = [
-            f"HTTP/1.1 {status} {'Request Header Fields Too Large' if status == 431 else 'Request Timeout'}",
+            f"HTTP/1.1 {status} {HTTPStatus(status).phrase}",
             "content-type: application/json",
             f"content-length: {len(body)}",
             f"{ERROR_HEADER}: true",
@@ -319,10 +354,8 @@ class BoundedHttpProtocol(HttpToolsProtocol):
             "connection: close",
         ]
         self.transport.write(("\r\n".join(head) + "\r\n\r\n").encode() + body)
-        self._head_bytes = None
         # A lingering close: a client still sending its head would otherwise get a reset that can destroy the
-        # answer before it reads it. What it sends meanwhile is read and dropped, never kept.
-        self._discarding = True
+        # answer before it reads it.
         if self.transport.can_write_eof():
             self.transport.write_eof()
         self.loop.call_later(LINGER_SECONDS, self.transport.close)
