@@ -481,3 +481,43 @@ def test_serve_loads_no_other_command() -> None:
     )
     loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     assert loaded.strip() == "['credgate.cli.base', 'credgate.cli.serving']"
+
+
+_OPEN_AS_SERVE_DOES = """
+import asyncio, sys
+from credgate.cli.serving import _open_context_lean
+from credgate.config import Settings
+from credgate.errors import StartupError
+
+async def open_once(data_dir: str) -> None:
+    try:
+        ctx = await _open_context_lean(Settings(data_dir=data_dir))
+    except StartupError as error:
+        print("refused:", error)
+        return
+    try:
+        print("current:", await ctx.database.is_current(), "alembic loaded:", "alembic" in sys.modules)
+    finally:
+        await ctx.close()
+
+if __name__ == "__main__":
+    asyncio.run(open_once(sys.argv[1]))
+"""
+
+
+def test_serve_migrates_in_a_process_of_its_own(tmp_path: Path) -> None:
+    """A first start (or an upgrade) creates and migrates the database in a child process, so the serving process
+    never loads alembic and what a migration builds (about 16 MB it would keep for its life); a refusal found
+    there is the start's own, with its message."""
+    import subprocess
+    import sys
+
+    def serve_opens(data_dir: Path) -> str:
+        command = [sys.executable, "-c", _OPEN_AS_SERVE_DOES, str(data_dir)]
+        return subprocess.run(command, capture_output=True, text=True, check=True, timeout=60).stdout.strip()
+
+    assert serve_opens(tmp_path / "data") == "current: True alembic loaded: False"
+    assert serve_opens(tmp_path / "data") == "current: True alembic loaded: False"  # nothing to migrate: no child
+    (tmp_path / "data" / "credgate.db").unlink()
+    refusal = serve_opens(tmp_path / "data")
+    assert refusal.startswith("refused: the database is missing"), refusal

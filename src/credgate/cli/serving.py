@@ -2,8 +2,10 @@
 
 import asyncio
 import logging
+import multiprocessing
 import socket
 from collections.abc import Coroutine
+from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 import click
@@ -15,6 +17,7 @@ from credgate.errors import StartupError
 from credgate.services import master_keys, panel_sessions
 from credgate.services.bootstrap import open_context
 from credgate.services.context import Context
+from credgate.storage import Database, StorageUnavailable
 
 
 @main.command()
@@ -79,7 +82,7 @@ async def _open_listen_and_announce(settings: Settings, listeners: list[socket.s
     the workers."""
     from credgate.server import listen
 
-    ctx = await open_context(settings)
+    ctx = await _open_context_lean(settings)
     try:
         listen(listeners)
         base = f"http://{settings.host}:{settings.port}"
@@ -110,6 +113,34 @@ async def _open_listen_and_announce(settings: Settings, listeners: list[socket.s
         await ctx.close()
         raise
     return ctx
+
+
+async def _open_context_lean(settings: Settings) -> Context:
+    """`open_context`, with a database to create or migrate set up first in a process of its own: alembic and what
+    a migration loads would otherwise stay in the serving process for its whole life (16 MB of a worker's 100)."""
+    from credgate.server import configure_logging
+
+    database = Database(settings.resolved_database_url)
+    try:
+        current = await database.is_current()
+    except StorageUnavailable:
+        current = True  # nothing to set up apart: open_context reports the database as it finds it
+    finally:
+        await database.dispose()
+    if not current:
+        spawn = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(1, spawn, initializer=configure_logging, initargs=(settings,)) as pool:
+            await asyncio.wrap_future(pool.submit(_set_up, settings))  # a StartupError comes back as raised
+    return await open_context(settings)
+
+
+def _set_up(settings: Settings) -> None:
+    """In a process of its own: what `open_context` checks, migrates and creates at a first start or an upgrade."""
+
+    async def open_and_close() -> None:
+        await (await open_context(settings)).close()
+
+    asyncio.run(open_and_close())
 
 
 def _run_loop(coroutine: Coroutine[Any, Any, None]) -> None:

@@ -143,6 +143,14 @@ class Database:
             async with self.engine.connect() as connection:
                 return await connection.run_sync(lambda sync: inspect(sync).has_table("meta"))
 
+    async def is_current(self) -> bool:
+        """Whether the database exists with every migration applied: a start then has nothing to migrate."""
+        if self.file is not None and _identity_of(self.file) is None:
+            return False  # and connecting would not create it
+        with _unavailable_on_failure():
+            async with self.engine.connect() as connection:
+                return await connection.run_sync(_is_current)
+
     async def upgrade(self) -> None:
         """Create the database if there is none yet, and apply every pending migration."""
         if self.file is not None and _identity_of(self.file) is None:
@@ -347,8 +355,12 @@ def _create_private_file(path: Path) -> None:
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
 
 
+def _is_current(connection: Connection) -> bool:
+    return inspect(connection).has_table("alembic_version") and _revisions(connection) == [HEAD_REVISION]
+
+
 def _upgrade(connection: Connection) -> None:
-    if inspect(connection).has_table("alembic_version") and _revisions(connection) == [HEAD_REVISION]:
+    if _is_current(connection):
         return
     from alembic import command
     from alembic.config import Config
