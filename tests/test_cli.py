@@ -484,40 +484,48 @@ def test_serve_loads_no_other_command() -> None:
 
 
 _OPEN_AS_SERVE_DOES = """
-import asyncio, sys
-from credgate.cli.serving import _open_context_lean
+import asyncio, os, sys
+from credgate.cli import serving
 from credgate.config import Settings
 from credgate.errors import StartupError
 
 async def open_once(data_dir: str) -> None:
     try:
-        ctx = await _open_context_lean(Settings(data_dir=data_dir))
+        ctx = await serving._open_context_lean(Settings(data_dir=data_dir))
     except StartupError as error:
         print("refused:", error)
         return
     try:
-        print("current:", await ctx.database.is_current(), "alembic loaded:", "alembic" in sys.modules)
+        left = open(f"/proc/self/task/{os.getpid()}/children").read().split()
+        current = await ctx.database.is_current()
+        print("current:", current, "alembic loaded:", "alembic" in sys.modules, "processes left:", len(left))
     finally:
         await ctx.close()
 
 if __name__ == "__main__":
+    if len(sys.argv) > 2:  # a set-up process that dies
+        serving._SET_UP_COMMAND = ("-c", "import sys; sys.exit(" + sys.argv[2] + ")")
     asyncio.run(open_once(sys.argv[1]))
 """
 
 
 def test_serve_migrates_in_a_process_of_its_own(tmp_path: Path) -> None:
-    """A first start (or an upgrade) creates and migrates the database in a child process, so the serving process
-    never loads alembic and what a migration builds (about 16 MB it would keep for its life); a refusal found
-    there is the start's own, with its message."""
+    """A first start (or an upgrade) creates and migrates the database in a process of its own, so the serving
+    process never loads alembic and what a migration builds (about 16 MB it would keep for its life), and nothing
+    of it is left running beside the gateway; a refusal found there is the start's own, with its message, and a
+    set-up process that dies fails the start."""
     import subprocess
     import sys
 
-    def serve_opens(data_dir: Path) -> str:
-        command = [sys.executable, "-c", _OPEN_AS_SERVE_DOES, str(data_dir)]
+    def serve_opens(data_dir: Path, *dying: str) -> str:
+        command = [sys.executable, "-c", _OPEN_AS_SERVE_DOES, str(data_dir), *dying]
         return subprocess.run(command, capture_output=True, text=True, check=True, timeout=60).stdout.strip()
 
-    assert serve_opens(tmp_path / "data") == "current: True alembic loaded: False"
-    assert serve_opens(tmp_path / "data") == "current: True alembic loaded: False"  # nothing to migrate: no child
+    opened = "current: True alembic loaded: False processes left: 0"
+    assert serve_opens(tmp_path / "data") == opened
+    assert serve_opens(tmp_path / "data") == opened
     (tmp_path / "data" / "credgate.db").unlink()
     refusal = serve_opens(tmp_path / "data")
     assert refusal.startswith("refused: the database is missing"), refusal
+    died = serve_opens(tmp_path / "other", "3")
+    assert died == "refused: the database's set-up failed in a process of its own (exit status 3); see above"

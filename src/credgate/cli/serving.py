@@ -1,11 +1,12 @@
 """Running the gateway, and what its operator does beside: `serve`, `db upgrade`, `master-key`."""
 
 import asyncio
+import contextlib
 import logging
-import multiprocessing
+import pickle
 import socket
+import sys
 from collections.abc import Coroutine
-from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 import click
@@ -116,31 +117,68 @@ async def _open_listen_and_announce(settings: Settings, listeners: list[socket.s
 
 
 async def _open_context_lean(settings: Settings) -> Context:
-    """`open_context`, with a database to create or migrate set up first in a process of its own: alembic and what
+    """`open_context`, with a database to create or migrate set up first by a process of its own: alembic and what
     a migration loads would otherwise stay in the serving process for its whole life (16 MB of a worker's 100)."""
-    from credgate.server import configure_logging
-
-    database = Database(settings.resolved_database_url)
-    try:
-        current = await database.is_current()
-    except StorageUnavailable:
-        current = True  # nothing to set up apart: open_context reports the database as it finds it
-    finally:
-        await database.dispose()
-    if not current:
-        spawn = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(1, spawn, initializer=configure_logging, initargs=(settings,)) as pool:
-            await asyncio.wrap_future(pool.submit(_set_up, settings))  # a StartupError comes back as raised
+    if await _needs_set_up(settings):
+        await _set_up_apart(settings)
     return await open_context(settings)
 
 
-def _set_up(settings: Settings) -> None:
-    """In a process of its own: what `open_context` checks, migrates and creates at a first start or an upgrade."""
+async def _needs_set_up(settings: Settings) -> bool:
+    database = Database(settings.resolved_database_url)
+    try:
+        return not await database.is_current()
+    except StorageUnavailable:
+        return False  # nothing to do apart: open_context reports the database as it finds it
+    finally:
+        await database.dispose()
 
-    async def open_and_close() -> None:
-        await (await open_context(settings)).close()
 
-    asyncio.run(open_and_close())
+_REFUSED = 5  # the set-up process's exit status for a StartupError, whose message it writes on its stdout
+# -P: the working directory is not put on the import path, so nothing there can pass for credgate.
+_SET_UP_COMMAND = ("-P", "-c", "from credgate.cli.serving import set_up_from_stdin; set_up_from_stdin()")
+
+
+async def _set_up_apart(settings: Settings) -> None:
+    """`open_context` run once by a new interpreter, given the settings on its stdin (never in its arguments: a
+    database URL may hold a password). Not through multiprocessing: its spawn would leave its resource tracker, a
+    12 MB process, beside the gateway for good."""
+    child = await asyncio.create_subprocess_exec(
+        sys.executable, *_SET_UP_COMMAND, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE
+    )
+    try:
+        refusal, _ = await child.communicate(pickle.dumps(settings))
+    except BaseException:  # the start is interrupted (Ctrl-C): the set-up stops with it
+        with contextlib.suppress(ProcessLookupError):
+            child.kill()
+        await child.wait()
+        raise
+    if child.returncode == _REFUSED:
+        raise StartupError(refusal.decode(errors="replace"))
+    if child.returncode != 0:
+        raise StartupError(
+            f"the database's set-up failed in a process of its own (exit status {child.returncode}); see above"
+        )
+
+
+def set_up_from_stdin() -> None:
+    """The process `_set_up_apart` starts: what `open_context` checks, migrates and creates at a first start or
+    an upgrade, logged as the gateway logs; a refusal's message goes back on stdout."""
+    from credgate.server import configure_logging
+
+    settings = pickle.load(sys.stdin.buffer)  # noqa: S301 (written by the parent process, which started this one)
+    configure_logging(settings)
+    try:
+        asyncio.run(_open_and_close(settings))
+    except StartupError as error:
+        sys.stdout.write(str(error))
+        sys.exit(_REFUSED)
+    except KeyboardInterrupt:  # the gateway's start, interrupted with it, says so
+        sys.exit(130)
+
+
+async def _open_and_close(settings: Settings) -> None:
+    await (await open_context(settings)).close()
 
 
 def _run_loop(coroutine: Coroutine[Any, Any, None]) -> None:
