@@ -511,7 +511,7 @@ if __name__ == "__main__":
 
 def test_serve_migrates_in_a_process_of_its_own(tmp_path: Path) -> None:
     """A first start (or an upgrade) creates and migrates the database in a process of its own, so the serving
-    process never loads alembic and what a migration builds (about 16 MB it would keep for its life), and nothing
+    process never loads alembic and what a migration builds (about 15 MB it would keep for its life), and nothing
     of it is left running beside the gateway; a refusal found there is the start's own, with its message, and a
     set-up process that dies fails the start."""
     import subprocess

@@ -118,7 +118,7 @@ async def _open_listen_and_announce(settings: Settings, listeners: list[socket.s
 
 async def _open_context_lean(settings: Settings) -> Context:
     """`open_context`, with a database to create or migrate set up first by a process of its own: alembic and what
-    a migration loads would otherwise stay in the serving process for its whole life (16 MB of a worker's 100)."""
+    a migration loads would otherwise stay in the serving process for its whole life (15 MB of a worker's 100)."""
     if await _needs_set_up(settings):
         await _set_up_apart(settings)
     return await open_context(settings)
