@@ -137,19 +137,19 @@ class Database:
             raise StorageUnavailable("the database is not the one this gateway opened")
 
     async def has_schema(self) -> bool:
-        if self.file is not None and _identity_of(self.file) is None:
-            return False  # and connecting would not create it
-        with _unavailable_on_failure():
-            async with self.engine.connect() as connection:
-                return await connection.run_sync(lambda sync: inspect(sync).has_table("meta"))
+        return await self._exists_and(lambda sync: inspect(sync).has_table("meta"))
 
     async def is_current(self) -> bool:
         """Whether the database exists with every migration applied: a start then has nothing to migrate."""
+        return await self._exists_and(_is_current)
+
+    async def _exists_and(self, check: Callable[[Connection], bool]) -> bool:
+        """Whether the database exists and `check` holds of it, found without creating it."""
         if self.file is not None and _identity_of(self.file) is None:
             return False  # and connecting would not create it
         with _unavailable_on_failure():
             async with self.engine.connect() as connection:
-                return await connection.run_sync(_is_current)
+                return await connection.run_sync(check)
 
     async def upgrade(self) -> None:
         """Create the database if there is none yet, and apply every pending migration."""
