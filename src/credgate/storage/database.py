@@ -28,10 +28,10 @@ from credgate.storage.repository import Repository
 
 logger = logging.getLogger(__name__)
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
-# The newest migration's revision (a test holds it to Alembic's head): a database already there is not migrated,
-# and the process does not load Alembic (about 10 MB) to find that out.
 # A unique index refused a row, which another transaction made at the same moment: the services' name for it.
 DuplicateRow = IntegrityError
+# The newest migration's revision (a test holds it to Alembic's head): a database already there is not migrated,
+# and the process does not load Alembic (about 10 MB) to find that out.
 HEAD_REVISION = "0017"
 # The meta row holding the random id a database is given when it is created (see services/bootstrap.py).
 DATABASE_ID = "database_id"
