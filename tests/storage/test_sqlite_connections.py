@@ -1,4 +1,5 @@
-"""The SQLite file's connections: given back to the pool rolled back only when a transaction is still open."""
+"""The SQLite file's connections: given back to the pool rolled back only when a transaction is still open; the one
+given back last taken next, each with a bounded page cache."""
 
 from datetime import UTC, datetime
 from typing import Any
@@ -50,3 +51,21 @@ async def test_a_connection_given_back_in_a_transaction_is_rolled_back(
         await repo.delete_request_records(before=datetime.now(UTC))
     async with sqlite_database.engine.connect() as connection:
         assert (await connection.scalar(text("SELECT count(*) FROM meta WHERE name = 'left'"))) == 0
+
+
+async def test_the_pool_hands_out_the_connection_given_back_last_and_each_caches_512_kib(
+    sqlite_database: Database,
+) -> None:
+    """A gateway's memory: with the pool's first-in first-out order, every pooled connection took turns and each
+    filled SQLite's default page cache (2 MB, in the malloc arena of its own thread) as the request log grew."""
+    engine = sqlite_database.engine
+    async with engine.connect() as first, engine.connect() as second:
+        first_driver = (await first.get_raw_connection()).driver_connection
+        second_driver = (await second.get_raw_connection()).driver_connection
+        assert first_driver is not second_driver
+        for connection in (first, second):
+            assert (await connection.scalar(text("PRAGMA cache_size"))) == -512
+    # `second` was given back first (the inner block of the two ends first), `first` last.
+    for _ in range(3):
+        async with engine.connect() as connection:
+            assert (await connection.get_raw_connection()).driver_connection is first_driver
