@@ -22,7 +22,7 @@ class Expiring(Protocol):
 
 
 class Deadlines:
-    def __init__(self, *, tick: float = 0.25) -> None:
+    def __init__(self, *, tick: float = 0.1) -> None:
         self._tick = tick
         self._waits: set[Expiring] = set()
         self._timer: asyncio.TimerHandle | None = None
