@@ -5,16 +5,19 @@ import asyncio
 from starlette.types import Message
 
 from credgate.proxy.client import WATCH_DELAY_SECONDS, ClientWatch
-from credgate.proxy.deadlines import Deadlines
+from credgate.proxy.deadlines import TICK_SECONDS, Deadlines
 
-SLACK_SECONDS = 0.1  # the event loop's own scheduling, on a busy test machine
+# The longest a departed client's upstream response may go on, billed, before the relay is cancelled.
+NOTICE_BOUND_SECONDS = 0.15
 
 
-async def test_a_relay_whose_client_has_left_is_cancelled_within_the_delay_and_a_tick() -> None:
-    """With the client gone before the body is even read, the relay is cancelled once the watch's delay has passed,
-    to the next tick of the deadlines. A delay of 0.2 s and a tick of 0.25 let 1,000 departures in bench/soak.py keep
-    200 upstream responses going at once, and the gateway 3 MB more."""
+def test_the_watch_delay_and_a_tick_of_the_deadlines_stay_within_the_notice_bound() -> None:
+    """The watch starts at the first sweep of the deadlines past its delay: the clock test below, on a busy machine,
+    could not tell 0.15 s from 0.25."""
+    assert round(WATCH_DELAY_SECONDS + TICK_SECONDS, 6) <= NOTICE_BOUND_SECONDS
 
+
+async def test_a_relay_whose_client_has_left_is_cancelled_after_the_delay() -> None:
     async def receive() -> Message:
         return {"type": "http.disconnect"}
 
@@ -25,7 +28,7 @@ async def test_a_relay_whose_client_has_left_is_cancelled_within_the_delay_and_a
         loop = asyncio.get_running_loop()
         watch = ClientWatch(receive, deadlines)
         started = loop.time()
-        watch.start()
+        watch.start()  # the request's body is complete: from now on, receive() only reports a departure
         try:
             await asyncio.sleep(10)  # an upstream that goes on streaming
         except asyncio.CancelledError:
@@ -34,13 +37,14 @@ async def test_a_relay_whose_client_has_left_is_cancelled_within_the_delay_and_a
         finally:
             watch.stop()
 
-    await asyncio.wait_for(relay(), 2)
+    await asyncio.wait_for(relay(), 5)
     assert len(cancelled_after) == 1
-    assert WATCH_DELAY_SECONDS <= cancelled_after[0] < 0.15 + SLACK_SECONDS
+    assert WATCH_DELAY_SECONDS <= cancelled_after[0] < 2
 
 
-async def test_a_quick_exchange_starts_no_watching_task() -> None:
-    """A relay over before the delay costs an entry in the deadlines' set, not a task."""
+async def test_a_watch_stopped_before_its_delay_starts_no_task() -> None:
+    """A quick exchange costs an entry in the deadlines' set, not a task: the relay goes on (the response's last
+    bytes, the request log's record) past the delay and a tick without a watch starting."""
     asked: list[int] = []
 
     async def receive() -> Message:
@@ -49,16 +53,15 @@ async def test_a_quick_exchange_starts_no_watching_task() -> None:
 
     deadlines = Deadlines()
     before = len(asyncio.all_tasks())
+    tasks_while_relaying: list[int] = []
 
-    async def relay() -> int:
+    async def relay() -> None:
         watch = ClientWatch(receive, deadlines)
         watch.start()
-        watch.finishing = True
-        tasks = len(asyncio.all_tasks())
         watch.stop()
-        return tasks
+        await asyncio.sleep(WATCH_DELAY_SECONDS + 2 * TICK_SECONDS)
+        tasks_while_relaying.append(len(asyncio.all_tasks()))
 
-    assert await asyncio.create_task(relay()) == before + 1  # the relay's own task alone
-    await asyncio.sleep(WATCH_DELAY_SECONDS + 0.2)  # past the delay and a tick: nothing starts late
+    await asyncio.create_task(relay())
     assert asked == []
-    assert len(asyncio.all_tasks()) == before
+    assert tasks_while_relaying == [before + 1]  # the relay's own task alone

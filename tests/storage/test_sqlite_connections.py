@@ -69,3 +69,13 @@ async def test_the_pool_hands_out_the_connection_given_back_last_and_each_caches
     for _ in range(3):
         async with engine.connect() as connection:
             assert (await connection.get_raw_connection()).driver_connection is first_driver
+
+
+async def test_an_in_memory_database_opens() -> None:
+    """Its pool (SQLAlchemy's StaticPool: one connection) refuses a file's options."""
+    database = Database("sqlite+aiosqlite://")
+    try:
+        async with database.engine.connect() as connection:
+            assert (await connection.scalar(text("PRAGMA cache_size"))) == -512
+    finally:
+        await database.engine.dispose()

@@ -39,12 +39,11 @@ class ClientWatch:
     connection is freed whether the upstream is still thinking or streaming (uvicorn's `send` would just
     drop the bytes and let the relay run on).
 
-    The watching task starts only if the relay is still running `WATCH_DELAY_SECONDS` (to a tick of the
-    deadlines, 0.1 s) after the body: a quick exchange costs a set entry, not a task nor a timer of its own (the
-    loop timer and its cancellation were about 1% of a request's instructions), and a slow one (a generation)
-    notices a departed client within 0.15 s. Not later: each departed client's upstream response goes on until
-    then, billed, its buffers held (bench/soak.py's 1,000 departures, 20 at a time, held 200 responses at once and
-    3 MB more with a delay of 0.2 s and a tick of 0.25; 0.05 s is still far longer than a quick exchange)."""
+    The watching task starts only if the relay is still running `WATCH_DELAY_SECONDS` after the body, to the next
+    tick of the deadlines: a quick exchange costs a set entry, not a task nor a timer of its own (the loop timer and
+    its cancellation were about 1% of a request's instructions), and a slow one (a generation) notices a departed
+    client within the delay and a tick, 0.15 s. Not later: each departed client's upstream response goes on until
+    then, billed, its buffers held; the delay is still far longer than a quick exchange."""
 
     def __init__(self, receive: Receive, deadlines: Deadlines) -> None:
         self._receive = receive

@@ -21,8 +21,11 @@ class Expiring(Protocol):
     def expire(self) -> None: ...
 
 
+TICK_SECONDS = 0.1  # how late a limit may fire; a departed client's notice waits on it too (proxy/client.py)
+
+
 class Deadlines:
-    def __init__(self, *, tick: float = 0.1) -> None:
+    def __init__(self, *, tick: float = TICK_SECONDS) -> None:
         self._tick = tick
         self._waits: set[Expiring] = set()
         self._timer: asyncio.TimerHandle | None = None
