@@ -78,4 +78,4 @@ async def test_an_in_memory_database_opens() -> None:
         async with database.engine.connect() as connection:
             assert (await connection.scalar(text("PRAGMA cache_size"))) == -512
     finally:
-        await database.engine.dispose()
+        await database.dispose()
