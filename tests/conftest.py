@@ -16,6 +16,7 @@ import pytest
 
 from credgate.app import create_app
 from credgate.config import Settings
+from credgate.log_format import quiet_chatty_loggers
 from credgate.services import admins
 from credgate.services.bootstrap import open_context
 from credgate.services.context import Context
@@ -148,6 +149,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     root = logging.getLogger()
     root.addHandler(SweepHandler(SWEEP))
     root.setLevel(logging.DEBUG)  # the sweep reads DEBUG records too
+    quiet_chatty_loggers(logging.DEBUG)  # as a gateway at DEBUG: what its log could hold is what the sweep reads
 
 
 # What each pytest-xdist worker's sweep found, gathered by the controller, which reports for the whole run.

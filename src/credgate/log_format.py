@@ -16,8 +16,17 @@ from typing import Any, TextIO
 
 TEXT_FORMAT = "%(asctime)s [%(process)d] %(levelname)s %(name)s: %(message)s"
 ACCESS_LOGGER = "credgate.access"
+# Held at INFO or above whatever the level: at DEBUG, aiosqlite writes two lines for each database call, the call's
+# SQL and bound values in each (user names, end users' ids), thousands a second under load, drowning credgate's own.
+_CHATTY_LOGGERS = ("aiosqlite",)
 # The request a line is written for, set per request by the app (in JSON only: text lines name it themselves).
 request_id: contextvars.ContextVar[str | None] = contextvars.ContextVar("credgate_request_id", default=None)
+
+
+def quiet_chatty_loggers(level: int) -> None:
+    """Raise the loggers that log every database call to INFO, when `level` (the process's) is below it."""
+    for name in _CHATTY_LOGGERS:
+        logging.getLogger(name).setLevel(max(level, logging.INFO))
 
 
 class LineFormatter(logging.Formatter):

@@ -41,7 +41,7 @@ from credgate import metrics
 from credgate.config import Settings
 from credgate.error_responses import ERROR_HEADER, error_body
 from credgate.errors import StartupError
-from credgate.log_format import CredgateHandler, formatter
+from credgate.log_format import CredgateHandler, formatter, quiet_chatty_loggers
 from credgate.services.bootstrap import attach_context
 from credgate.services.context import Context
 
@@ -379,6 +379,7 @@ def configure_logging(settings: Settings) -> None:
     handler = CredgateHandler()
     handler.setFormatter(formatter(settings.log_format))
     logging.basicConfig(level=settings.log_level.upper(), handlers=[handler])
+    quiet_chatty_loggers(logging.getLogger().level)
 
 
 def server_config(app: Any, settings: Settings, **overrides: Any) -> uvicorn.Config:

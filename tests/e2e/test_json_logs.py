@@ -37,6 +37,9 @@ async def test_json_logs_are_one_object_a_line_with_the_access_fields_and_the_re
     assert {"time", "level", "logger", "pid", "message"} <= set(lines[0])
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", lines[0]["time"])
     assert any(line["message"] == "Application startup complete." for line in lines)
+    # At DEBUG (the tests' gateways): debug lines, but not the SQLite driver's two a database call.
+    assert any(line["level"] == "debug" for line in lines)
+    assert not [line for line in lines if line["logger"] == "aiosqlite"]
     access = {line["request_id"]: line for line in lines if line["logger"] == "credgate.access"}
 
     served = access[proxied.headers["x-credgate-request-id"]]
