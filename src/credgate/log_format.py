@@ -17,7 +17,7 @@ from typing import Any, TextIO
 TEXT_FORMAT = "%(asctime)s [%(process)d] %(levelname)s %(name)s: %(message)s"
 ACCESS_LOGGER = "credgate.access"
 # Held at INFO or above whatever the level: at DEBUG, aiosqlite writes two lines for each database call, the call's
-# SQL and bound values in each (user names, end users' ids), thousands a second under load, drowning credgate's own.
+# SQL and bound values in each (user names, end users' ids), tens for a page of the panel, drowning credgate's own.
 _CHATTY_LOGGERS = ("aiosqlite",)
 # The request a line is written for, set per request by the app (in JSON only: text lines name it themselves).
 request_id: contextvars.ContextVar[str | None] = contextvars.ContextVar("credgate_request_id", default=None)
