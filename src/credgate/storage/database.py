@@ -86,12 +86,15 @@ class Database:
         self._url, self._connect_args = parsed, dict(connect_args or {})
         if parsed.get_backend_name() == "postgresql" and parsed.get_driver_name() == "asyncpg":
             bounds = {"timeout": PG_CONNECT_TIMEOUT_SECONDS, "command_timeout": PG_COMMAND_TIMEOUT_SECONDS}
-        engine_options: dict[str, Any] = {"pool_timeout": POOL_TIMEOUT_SECONDS}
-        if self.is_sqlite:
-            # A connection given back is rolled back by _configure_sqlite's reset, only when a transaction is open.
+        engine_options: dict[str, Any]
+        if not self.is_sqlite:
+            engine_options = {"pool_timeout": POOL_TIMEOUT_SECONDS}
+        elif self.file is None:  # in memory: one connection, in a pool that takes no order; reset as a file's (below)
             engine_options = {"pool_reset_on_return": None}
-            if self.file is not None:  # an in-memory database has one connection, in a pool that takes no order
-                engine_options["pool_use_lifo"] = True  # so that the others' page caches stay cold (_SQLITE_CACHE_KIB)
+        else:
+            # A connection given back is rolled back by _configure_sqlite's reset, only when a transaction is open;
+            # the one given back last is taken next, so that the others' page caches stay cold (_SQLITE_CACHE_KIB).
+            engine_options = {"pool_reset_on_return": None, "pool_use_lifo": True}
         try:
             self.engine = create_async_engine(
                 parsed,
