@@ -11,6 +11,9 @@ from pathlib import Path
 import pytest
 from playwright.async_api import Browser, Page, async_playwright
 
+from credgate.config import Settings
+from credgate.services import admins
+from credgate.services.bootstrap import open_context
 from tests.e2e.conftest import RunningGateway, start_gateway, stop_gateway
 from tests.secret_sweep import SWEEP
 from tests.upstream import Upstream, run_upstream
@@ -50,10 +53,15 @@ def served(tmp_path: Path) -> Iterator[tuple[RunningGateway, str]]:
 
 
 @pytest.fixture
-def gateway(served: tuple[RunningGateway, str]) -> RunningGateway:
-    """The served gateway with an admin `admin` created by the CLI."""
+async def gateway(served: tuple[RunningGateway, str]) -> RunningGateway:
+    """The served gateway with an owner `admin`, made beside it through a context of its own on the same data dir,
+    as the CLI would (tests/test_cli.py runs the command; a process for it here cost a CPU second a test)."""
     running = served[0]
-    assert running.cli("admin", "create-user", "admin", "--password-stdin", stdin=PASSWORD).returncode == 0
+    ctx = await open_context(Settings(data_dir=Path(running.env["CREDGATE_DATA_DIR"])))
+    try:
+        await admins.create_admin_user(ctx, username="admin", password=PASSWORD, actor="browser tests")
+    finally:
+        await ctx.close()
     return running
 
 
