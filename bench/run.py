@@ -366,7 +366,7 @@ def main() -> None:
                 for _ in range(max(1, options.soak // 10)):
                     wrk(one.url, script, 64, 10)
                     soak.append(rss_mb(one.worker_pids()[0]))
-        report = render(rows, first_bytes, peaks, soak, options)
+        report = render(rows, samples, first_bytes, peaks, soak, options)
         print(report)
         if options.write:
             store_section(report)
@@ -408,6 +408,7 @@ def median_run(runs: list[dict[str, float]]) -> dict[str, float]:
 
 def render(
     rows: dict[tuple[str, int], dict[str, float]],
+    rounds: dict[tuple[str, int], list[dict[str, float]]],
     first_bytes: FirstBytes,
     peaks: dict[str, list[float]],
     soak: list[float],
@@ -421,6 +422,12 @@ def render(
 
     def cpu(name: str) -> float:
         return rows[name, 64]["cpu_us"]
+
+    def by_round(name: str, over: str) -> str:
+        """The ratio of two systems' requests/s at 64 connections in each round, where one ran right after the
+        other: the host's speed drifts over a run, and a ratio of medians may pair two of its moments."""
+        pairs = zip(rounds[name, 64], rounds[over, 64], strict=True)
+        return ", ".join(f"{mine['rps'] / theirs['rps']:.2f}×" for mine, theirs in pairs)
 
     command = f"`.venv/bin/python bench/run.py --duration {options.duration} --rounds {options.rounds}"
     command += f" --soak {options.soak}`" if options.soak else "`"
@@ -472,6 +479,8 @@ def render(
         f"- bare proxy: {rps(bare) / rps('direct'):.0%} of direct at 64 connections; added latency at 1 connection "
         f"{p50(bare) - p50('direct'):.2f} ms; SSE first byte added {added_sse(bare, warm):.2f} ms warm, "
         f"{added_sse(bare, cold):.2f} ms cold",
+        f"- round by round at 64 connections: 1 worker / bare proxy {by_round(one, bare)}; 2 workers / 1 worker "
+        f"{by_round(two, one)}",
         f"- {BARE_TWO} / bare proxy at 64 connections: {rps(BARE_TWO) / rps(bare):.2f}× (what a second core gives "
         f"a proxy that does nothing else, beside wrk and the upstream; credgate: {rps(two) / rps(one):.2f}×)",
         f"- CPU a request at 64 connections (user and system time of the serving processes over the run, divided by "
