@@ -214,7 +214,7 @@ class System:
 def alone(system: System, systems: list[System]) -> Iterator[None]:
     """`system` with its cores to itself: every other system whose one process is pinned to one of them is stopped
     (SIGSTOP) meanwhile. An idle gateway wakes some 30 times a second (its batch timer, change poll, event
-    dispatcher, log checkpoint) and takes about 1% of a core: the nine beside the one measured took a tenth of
+    dispatcher, log checkpoint) and takes about 1.25% of a core: the nine beside the one measured took a tenth of
     core 0 from whichever system had the load, the bare proxy as much as credgate. The two-process systems go on:
     their supervisor would take workers stopped for a while as hung. Each gateway has a database of its own, so
     that none stopped holds a lock another needs."""
