@@ -73,6 +73,8 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp(prefix="credgate-compiled-"))
     compiled_into = options.keep or work / "compiled"
+    if (compiled_into / "src").exists():
+        sys.exit(f"{compiled_into / 'src'} exists already: --keep wants a directory without one")
     compiled_into.mkdir(parents=True, exist_ok=True)
     print(f"compiling {', '.join(options.modules)} …", flush=True)
     compiled_src = compile_copy(compiled_into, options.modules)
