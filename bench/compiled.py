@@ -36,6 +36,7 @@ from harness import (
     add_bench_project,
     free_port,
     gateway_env,
+    own_data_dir,
     pinned,
     start_upstream,
     wait_for_port,
@@ -93,9 +94,7 @@ def main() -> None:
         wait_for_port(upstream_port)
         for name, python_path in (("pure Python", None), ("compiled", compiled_src)):
             port = free_port()
-            data = work / f"data-{port}"  # a database of its own: the other one is stopped while this one runs
-            shutil.copytree(env["CREDGATE_DATA_DIR"], data)
-            own_env = {**env, "CREDGATE_DATA_DIR": str(data)}
+            own_env = own_data_dir(env, work / f"data-{port}")  # the other gateway is stopped while this one runs
             if python_path is not None:
                 own_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(python_path), env.get("PYTHONPATH")]))
             command = pinned(GATEWAY_CORE, [str(BIN / "credgate"), "serve", "--port", str(port)])

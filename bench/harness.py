@@ -69,6 +69,13 @@ def gateway_env(data_dir: Path, **extra: str) -> dict[str, str]:
     return {name: value for name, value in env.items() if not name.startswith("CREDGATE_TEST_")}
 
 
+def own_data_dir(env: dict[str, str], into: Path) -> dict[str, str]:
+    """`env` with a copy of its data dir (projects, tokens, keys) at `into`: a gateway of its own database, so that
+    none stopped by the benchmark holds a lock another gateway needs."""
+    shutil.copytree(env["CREDGATE_DATA_DIR"], into)
+    return {**env, "CREDGATE_DATA_DIR": str(into)}
+
+
 def add_bench_project(
     env: dict[str, str],
     upstream_port: int,
