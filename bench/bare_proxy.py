@@ -92,17 +92,12 @@ def app() -> BareProxy:
     return BareProxy(*os.environ["BARE_PROXY_ARGUMENTS"].split(" "))
 
 
-if __name__ == "__main__":
-    port, upstream, token, key = sys.argv[1:5]
-    workers = int(sys.argv[5]) if len(sys.argv) > 5 else 1
-    os.environ["BARE_PROXY_ARGUMENTS"] = " ".join((upstream, token, key))
+def serve(app: object, port: int, **options: object) -> None:
+    """uvicorn as the reference proxies run it: uvloop, httptools, nothing logged or added to a response."""
     uvicorn.run(
-        "bare_proxy:app" if workers > 1 else app(),
-        factory=workers > 1,
-        workers=workers,
-        app_dir=os.path.dirname(os.path.abspath(__file__)),
+        app,  # type: ignore[arg-type]
         host="127.0.0.1",
-        port=int(port),
+        port=port,
         loop="uvloop",
         http="httptools",
         access_log=False,
@@ -110,4 +105,18 @@ if __name__ == "__main__":
         server_header=False,
         date_header=False,
         log_level="warning",
+        **options,  # type: ignore[arg-type]
+    )
+
+
+if __name__ == "__main__":
+    port, upstream, token, key = sys.argv[1:5]
+    workers = int(sys.argv[5]) if len(sys.argv) > 5 else 1
+    os.environ["BARE_PROXY_ARGUMENTS"] = " ".join((upstream, token, key))
+    serve(
+        "bare_proxy:app" if workers > 1 else app(),
+        int(port),
+        factory=workers > 1,
+        workers=workers,
+        app_dir=os.path.dirname(os.path.abspath(__file__)),
     )

@@ -4,14 +4,15 @@
 
 The same POST chat/completions, answered by the same stand-in upstream, through: the upstream direct, the bare
 reference proxy (bench/bare_proxy.py: what any Python proxy must do, and nothing more), in one process and in two,
-credgate with one worker and credgate with two; then what features cost: one worker without its access log (and
-without its metrics too), one without its request log, one with traces exported, and (when a Redis answers on
-127.0.0.1:6379) one worker serving a rate-limited project whose count is kept in Redis, one serving a project with
-three budgets counted in Redis, and one with a cap on requests under way counted there; and one worker called with
-a client token, and minting client tokens. The one-process bare proxy and the one-worker gateways are pinned to
-core 0, the upstream stand-in and wrk to core 1; the two-process ones have both cores, which they share with them.
-While one system has the load, the one-process systems pinned to its cores are stopped (`alone`), and each gateway
-has a copy of the data dir of its own.
+the bare proxy with credgate's per-request features in their plainest form (bench/floor_proxy.py: what those cost
+any Python proxy), credgate with one worker and credgate with two; then what features cost: one worker without its
+access log (and without its metrics too), one without its request log, one with traces exported, and (when a Redis
+answers on 127.0.0.1:6379) one worker serving a rate-limited project whose count is kept in Redis, one serving a
+project with three budgets counted in Redis, and one with a cap on requests under way counted there; and one worker
+called with a client token, and minting client tokens. The one-process proxies and the one-worker gateways are
+pinned to core 0, the upstream stand-in and wrk to core 1; the two-process ones have both cores, which they share
+with them. While one system has the load, the one-process systems pinned to its cores are stopped (`alone`), and
+each gateway has a copy of the data dir of its own.
 Each runs at 64 connections and at 1. Prints ratios (credgate to bare, two workers to one), the latency added at one
 connection, the SSE time to first byte added, the peak RSS of every worker, and the CPU time a request costs each system
 (its serving processes' user and system time over a run, divided by its requests: steadier than requests/s here). --soak
@@ -71,6 +72,8 @@ CAPPED = "credgate 1 worker, cap on requests under way in Redis"
 CLIENT_TOKEN = "credgate 1 worker, client token"  # noqa: S105 - a row name
 MINTING = "credgate 1 worker, minting client tokens"
 BARE_TWO = "bare proxy, 2 processes"
+FLOOR = "bare proxy with the features, plainly"
+ONE, TWO = "credgate 1 worker", "credgate 2 workers"
 REDIS_URL = "redis://127.0.0.1:6379/0"
 CHAT_BODY = '{"model":"gpt-4o-mini","messages":[{"role":"user","content":"Say hello."}]}'
 LUA = f"""wrk.method = "POST"
@@ -257,7 +260,7 @@ def main() -> None:
     chat, sse = "/proxy/openai/chat/completions", "/proxy/openai/sse"
     bare_port, one_port, two_port, quiet_port = free_port(), free_port(), free_port(), free_port()
     unobserved_port, traced_port, token_port, bare_two_port = free_port(), free_port(), free_port(), free_port()
-    unrecorded_port = free_port()
+    unrecorded_port, floor_port = free_port(), free_port()
     quiet = {**env, "CREDGATE_LOG_LEVEL": "warning"}  # the same gateway without its access log
     without = [sys.executable, str(HERE / "serve_without.py")]
     unobserved = [*without, "metrics", "serve", "--port", str(unobserved_port)]
@@ -265,14 +268,23 @@ def main() -> None:
     # Every request traced and exported over OTLP/HTTP, to the stand-in upstream's /v1/traces.
     traced = {**env, "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{upstream_port}"}
     bare = [sys.executable, str(HERE / "bare_proxy.py")]
+    floor = [sys.executable, str(HERE / "floor_proxy.py")]
     upstream_v1 = f"http://127.0.0.1:{upstream_port}/v1"
     systems = [
         System("direct", None, upstream_port, "/v1/chat/completions", "/v1/sse"),
         System(
             "bare proxy", pinned(GATEWAY_CORE, [*bare, str(bare_port), upstream_v1, token, KEY]), bare_port, chat, sse
         ),
-        System("credgate 1 worker", pinned(GATEWAY_CORE, [*serve, str(one_port)]), one_port, chat, sse, env),
-        System("credgate 2 workers", [*serve, str(two_port), "--workers", "2"], two_port, chat, sse, env),
+        System(ONE, pinned(GATEWAY_CORE, [*serve, str(one_port)]), one_port, chat, sse, env),
+        # What credgate's per-request features cost any Python proxy: the bare one with them, in their plain form.
+        System(
+            FLOOR,
+            pinned(GATEWAY_CORE, [*floor, str(floor_port), upstream_v1, token, KEY, str(work / "floor.db")]),
+            floor_port,
+            chat,
+            sse,
+        ),
+        System(TWO, [*serve, str(two_port), "--workers", "2"], two_port, chat, sse, env),
         System(QUIET, pinned(GATEWAY_CORE, [*serve, str(quiet_port)]), quiet_port, chat, sse, quiet),
         System(UNOBSERVED, pinned(GATEWAY_CORE, unobserved), unobserved_port, chat, sse, quiet),
         System(UNRECORDED, pinned(GATEWAY_CORE, unrecorded), unrecorded_port, chat, sse, env),
@@ -355,11 +367,11 @@ def main() -> None:
         first_bytes = first_bytes_ms(
             [system for system in systems if system.name not in (CLIENT_TOKEN, MINTING)], token, 200
         )
-        measured = [*systems[2:4], next(system for system in systems if system.name == CLIENT_TOKEN)]
+        measured = [system for system in systems if system.name in (ONE, TWO, CLIENT_TOKEN)]
         peaks = {system.name: [peak_rss_mb(pid) for pid in system.worker_pids()] for system in measured}
         soak = []
         if options.soak:
-            one = systems[2]
+            one = next(system for system in systems if system.name == ONE)
             with alone(one, systems):
                 for _ in range(max(1, options.soak // 10)):
                     wrk(one.url, script, 64, 10)
@@ -449,7 +461,7 @@ def render(
         + " |"
         for (name, connections), row in sorted(rows.items(), key=lambda item: -item[0][1])
     ]
-    one, two, bare = "credgate 1 worker", "credgate 2 workers", "bare proxy"
+    one, two, bare = ONE, TWO, "bare proxy"
     checks = [
         ("1 worker / bare proxy at 64 connections", rps(one) / rps(bare), "≥ 0.90×", rps(one) / rps(bare) >= 0.9),
         ("2 workers / 1 worker at 64 connections", rps(two) / rps(one), "≥ 1.70×", rps(two) / rps(one) >= 1.7),
@@ -481,6 +493,12 @@ def render(
         f"{added_sse(bare, cold):.2f} ms cold",
         f"- round by round at 64 connections: 1 worker / bare proxy {by_round(one, bare)}; 2 workers / 1 worker "
         f"{by_round(two, one)}",
+        f"- {FLOOR} (bench/floor_proxy.py: the bare proxy plus, per request, a request id, the token looked up by "
+        "its hash, an allow-list, an access line, two Prometheus counts and a request-log row, each in its plainest "
+        f"cheap form): {rps(FLOOR) / rps(bare):.2f}× the bare proxy at 64 connections, {cpu(FLOOR):.0f} µs of CPU a "
+        f"request; credgate 1 worker does {rps(one) / rps(FLOOR):.2f}× of it (round by round "
+        f"{by_round(one, FLOOR)}), {cpu(one) / cpu(FLOOR):.2f}× its CPU a request; added latency at 1 connection "
+        f"{p50(FLOOR) - p50('direct'):.2f} ms",
         f"- {BARE_TWO} / bare proxy at 64 connections: {rps(BARE_TWO) / rps(bare):.2f}× (what a second core gives "
         f"a proxy that does nothing else, beside wrk and the upstream; credgate: {rps(two) / rps(one):.2f}×)",
         f"- CPU a request at 64 connections (user and system time of the serving processes over the run, divided by "
