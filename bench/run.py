@@ -447,7 +447,8 @@ def render(
         "",
         f"{command} on {CORES} cores, {time.strftime('%Y-%m-%d')}, {credgate_revision()}. POST chat/completions "
         "through the full path (token, lookup, allow-list, key injection, limits, usage record, access log, request "
-        f"id). The bare proxy and one-worker credgate on core {GATEWAY_CORE}, upstream and wrk on core {LOAD_CORE}; "
+        f"id). The bare proxy (with the features too) and one-worker credgate on core {GATEWAY_CORE}, upstream and "
+        f"wrk on core {LOAD_CORE}; "
         "two-worker credgate and the two-process bare proxy on both; while one system has the load, the "
         f"one-process systems pinned to its cores are stopped. Median of {options.rounds} rounds of "
         f"{options.duration} s.",
