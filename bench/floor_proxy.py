@@ -51,10 +51,11 @@ class FloorProxy(BareProxy):
         self.rows: list[tuple[object, ...]] = []
         self.lines: list[str] = []
         self.counts: list[tuple[str, int, float]] = []
+        self.writer: asyncio.Task[None] | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
-            asyncio.get_running_loop().create_task(self.write_rows())
+            self.writer = asyncio.get_running_loop().create_task(self.write_rows())  # held: the loop holds it weakly
             await super().__call__(scope, receive, send)
             return
         started, request_id = time.perf_counter(), secrets.token_hex(8)
@@ -63,7 +64,8 @@ class FloorProxy(BareProxy):
         path: bytes = scope["raw_path"]
         endpoint = path[len(PREFIX) :].decode("latin-1")
         if project is None or (scope["method"], endpoint) not in ALLOWED:
-            await send({"type": "http.response.start", "status": 403, "headers": [(b"content-length", b"0")]})
+            status = 401 if project is None else 403
+            await send({"type": "http.response.start", "status": status, "headers": [(b"content-length", b"0")]})
             await send({"type": "http.response.body", "body": b""})
             return
         status, sent = 0, 0
