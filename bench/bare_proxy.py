@@ -12,6 +12,7 @@ what a second core gives a proxy that does nothing else.
 import os
 import sys
 from collections.abc import AsyncIterator
+from typing import Any
 
 import aiohttp
 import uvicorn
@@ -92,10 +93,10 @@ def app() -> BareProxy:
     return BareProxy(*os.environ["BARE_PROXY_ARGUMENTS"].split(" "))
 
 
-def serve(app: object, port: int, **options: object) -> None:
+def serve(app: "BareProxy | str", port: int, **options: Any) -> None:
     """uvicorn as the reference proxies run it: uvloop, httptools, nothing logged or added to a response."""
     uvicorn.run(
-        app,  # type: ignore[arg-type]
+        app,
         host="127.0.0.1",
         port=port,
         loop="uvloop",
@@ -105,7 +106,7 @@ def serve(app: object, port: int, **options: object) -> None:
         server_header=False,
         date_header=False,
         log_level="warning",
-        **options,  # type: ignore[arg-type]
+        **options,
     )
 
 
