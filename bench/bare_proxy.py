@@ -11,7 +11,7 @@ what a second core gives a proxy that does nothing else.
 
 import os
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import aiohttp
@@ -88,9 +88,16 @@ class BareProxy:
                 return
 
 
+ARGUMENTS = "REFERENCE_PROXY_ARGUMENTS"  # where a spawned worker finds its proxy's arguments
+
+
+def arguments() -> list[str]:
+    return os.environ[ARGUMENTS].split(" ")
+
+
 def app() -> BareProxy:
     """The proxy of a worker process (spawned: it reads its arguments from the environment)."""
-    return BareProxy(*os.environ["BARE_PROXY_ARGUMENTS"].split(" "))
+    return BareProxy(*arguments())
 
 
 def serve(app: "BareProxy | str", port: int, **options: Any) -> None:
@@ -110,14 +117,18 @@ def serve(app: "BareProxy | str", port: int, **options: Any) -> None:
     )
 
 
+def serve_command_line(module: str, make: Callable[[], BareProxy], count: int) -> None:
+    """`python MODULE.py PORT ARGUMENT… [WORKERS]`, with `count` arguments: one process serves `make()`; with WORKERS,
+    uvicorn's supervisor spawns that many, and each builds its proxy by `MODULE:app`."""
+    port, given = int(sys.argv[1]), sys.argv[2 : 2 + count]
+    workers = int(sys.argv[2 + count]) if len(sys.argv) > 2 + count else 1
+    os.environ[ARGUMENTS] = " ".join(given)
+    if workers == 1:
+        serve(make(), port)
+    else:
+        here = os.path.dirname(os.path.abspath(__file__))
+        serve(f"{module}:app", port, factory=True, workers=workers, app_dir=here)
+
+
 if __name__ == "__main__":
-    port, upstream, token, key = sys.argv[1:5]
-    workers = int(sys.argv[5]) if len(sys.argv) > 5 else 1
-    os.environ["BARE_PROXY_ARGUMENTS"] = " ".join((upstream, token, key))
-    serve(
-        "bare_proxy:app" if workers > 1 else app(),
-        int(port),
-        factory=workers > 1,
-        workers=workers,
-        app_dir=os.path.dirname(os.path.abspath(__file__)),
-    )
+    serve_command_line("bare_proxy", app, 3)

@@ -1,7 +1,7 @@
 """The bare reference proxy with credgate's per-request features added in their plainest cheap form: what those
 features cost any Python proxy, measured beside credgate in every run (bench/run.py).
 
-    python bench/floor_proxy.py PORT UPSTREAM_URL TOKEN KEY DATABASE
+    python bench/floor_proxy.py PORT UPSTREAM_URL TOKEN KEY DATABASE [WORKERS]
 
 On top of bench/bare_proxy.py, for each request: a request id (generated, sent back in `X-Request-Id`); the token
 looked up by its SHA-256 (a gateway stores no token in clear); the endpoint checked against an allow-list; a row in
@@ -9,7 +9,8 @@ a SQLite request log (WAL, the same columns and indexes as credgate's), its usag
 the rows of each 0.1 s written in one `executemany` from a thread; an access line and the Prometheus counts
 (requests by project, provider and status; durations by provider), each turn's lines written at once and its counts
 made at its end. No error handling, no limits, no budgets, no configuration: the floor under credgate's
-features, not a gateway.
+features, not a gateway. With WORKERS, that many processes share the listener and the database, as
+`credgate serve --workers` does.
 """
 
 import asyncio
@@ -21,13 +22,15 @@ import time
 from datetime import UTC, datetime
 
 import orjson
-from prometheus_client import Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from starlette.types import Message, Receive, Scope, Send
 
-from bare_proxy import PREFIX, BareProxy, serve
+from bare_proxy import PREFIX, BareProxy, arguments, serve_command_line
 
-REQUESTS = Counter("floor_requests", "proxied requests", ["project", "provider", "status"])
-DURATIONS = Histogram("floor_request_seconds", "proxied request durations", ["provider"])
+# A registry of this module's own: a worker imports it twice (as its main module again, and by name for the app).
+METRICS = CollectorRegistry()
+REQUESTS = Counter("floor_requests", "proxied requests", ["project", "provider", "status"], registry=METRICS)
+DURATIONS = Histogram("floor_request_seconds", "proxied request durations", ["provider"], registry=METRICS)
 ALLOWED = {("POST", "chat/completions"), ("GET", "sse")}
 PROJECT = "bench-project"
 PROVIDER = "openai"
@@ -123,7 +126,7 @@ class FloorProxy(BareProxy):
         self.counts.clear()
 
     async def write_rows(self) -> None:
-        connection = sqlite3.connect(self.database, check_same_thread=False)
+        connection = sqlite3.connect(self.database, check_same_thread=False, timeout=10)  # other workers write too
         connection.execute("PRAGMA journal_mode=WAL")
         connection.executescript(SCHEMA)
 
@@ -138,6 +141,10 @@ class FloorProxy(BareProxy):
                 await asyncio.to_thread(write, rows)
 
 
+def app() -> FloorProxy:
+    """The proxy of a worker process (spawned: it reads its arguments from the environment)."""
+    return FloorProxy(*arguments())
+
+
 if __name__ == "__main__":
-    port, upstream, token, key, database = sys.argv[1:6]
-    serve(FloorProxy(upstream, token, key, database), int(port))
+    serve_command_line("floor_proxy", app, 4)

@@ -5,14 +5,14 @@
 The same POST chat/completions, answered by the same stand-in upstream, through: the upstream direct, the bare
 reference proxy (bench/bare_proxy.py: what any Python proxy must do, and nothing more), in one process and in two,
 the bare proxy with credgate's per-request features in their plainest form (bench/floor_proxy.py: what those cost
-any Python proxy), credgate with one worker and credgate with two; then what features cost: one worker without its
-access log (and without its metrics too), one without its request log, one with traces exported, and (when a Redis
-answers on 127.0.0.1:6379) one worker serving a rate-limited project whose count is kept in Redis, one serving a
-project with three budgets counted in Redis, and one with a cap on requests under way counted there; and one worker
-called with a client token, and minting client tokens. The one-process proxies and the one-worker gateways are
-pinned to core 0, the upstream stand-in and wrk to core 1; the two-process ones have both cores, which they share
-with them. While one system has the load, the one-process systems pinned to its cores are stopped (`alone`), and
-each gateway has a copy of the data dir of its own.
+any Python proxy), in one process and in two, credgate with one worker and credgate with two; then what features
+cost: one worker without its access log (and without its metrics too), one without its request log, one with traces
+exported, and (when a Redis answers on 127.0.0.1:6379) one worker serving a rate-limited project whose count is kept
+in Redis, one serving a project with three budgets counted in Redis, and one with a cap on requests under way
+counted there; and one worker called with a client token, and minting client tokens. The one-process proxies and the
+one-worker gateways are pinned to core 0, the upstream stand-in and wrk to core 1; the two-process ones have both
+cores, which they share with them. While one system has the load, the one-process systems pinned to its cores are
+stopped (`alone`), and each gateway has a copy of the data dir of its own.
 Each runs at 64 connections and at 1. Prints ratios (credgate to bare, two workers to one), the latency added at one
 connection, the SSE time to first byte added, the peak RSS of every worker, and the CPU time a request costs each system
 (its serving processes' user and system time over a run, divided by its requests: steadier than requests/s here). --soak
@@ -73,6 +73,7 @@ CLIENT_TOKEN = "credgate 1 worker, client token"  # noqa: S105 - a row name
 MINTING = "credgate 1 worker, minting client tokens"
 BARE_TWO = "bare proxy, 2 processes"
 FLOOR = "bare proxy with the features, plainly"
+FLOOR_TWO = "bare proxy with the features, 2 processes"
 ONE, TWO = "credgate 1 worker", "credgate 2 workers"
 REDIS_URL = "redis://127.0.0.1:6379/0"
 CHAT_BODY = '{"model":"gpt-4o-mini","messages":[{"role":"user","content":"Say hello."}]}'
@@ -260,7 +261,7 @@ def main() -> None:
     chat, sse = "/proxy/openai/chat/completions", "/proxy/openai/sse"
     bare_port, one_port, two_port, quiet_port = free_port(), free_port(), free_port(), free_port()
     unobserved_port, traced_port, token_port, bare_two_port = free_port(), free_port(), free_port(), free_port()
-    unrecorded_port, floor_port = free_port(), free_port()
+    unrecorded_port, floor_port, floor_two_port = free_port(), free_port(), free_port()
     quiet = {**env, "CREDGATE_LOG_LEVEL": "warning"}  # the same gateway without its access log
     without = [sys.executable, str(HERE / "serve_without.py")]
     unobserved = [*without, "metrics", "serve", "--port", str(unobserved_port)]
@@ -301,8 +302,16 @@ def main() -> None:
             work / "client.lua",
         ),
         System(MINTING, None, token_port, "/api/v1/client-tokens", sse, env, work / "mint.lua"),
-        # What a second core gives a proxy that does nothing else, on this machine: the reference for two workers.
+        # What a second core gives a proxy that does nothing else, on this machine: the reference for two workers;
+        # and what it gives one with the features, whose processes share a database as credgate's workers do.
         System(BARE_TWO, [*bare, str(bare_two_port), upstream_v1, token, KEY, "2"], bare_two_port, chat, sse),
+        System(
+            FLOOR_TWO,
+            [*floor, str(floor_two_port), upstream_v1, token, KEY, str(work / "floor-two.db"), "2"],
+            floor_two_port,
+            chat,
+            sse,
+        ),
     ]
     (work / "mint.lua").write_text(MINT_LUA % token)
     redis = redis_pid()
@@ -449,7 +458,7 @@ def render(
         "through the full path (token, lookup, allow-list, key injection, limits, usage record, access log, request "
         f"id). The bare proxy (with the features too) and one-worker credgate on core {GATEWAY_CORE}, upstream and "
         f"wrk on core {LOAD_CORE}; "
-        "two-worker credgate and the two-process bare proxy on both; while one system has the load, the "
+        "two-worker credgate and the two-process proxies on both; while one system has the load, the "
         f"one-process systems pinned to its cores are stopped. Median of {options.rounds} rounds of "
         f"{options.duration} s.",
         "",
@@ -499,7 +508,8 @@ def render(
         f"cheap form): {rps(FLOOR) / rps(bare):.2f}× the bare proxy at 64 connections, {cpu(FLOOR):.0f} µs of CPU a "
         f"request; credgate 1 worker does {rps(one) / rps(FLOOR):.2f}× of it (round by round "
         f"{by_round(one, FLOOR)}), {cpu(one) / cpu(FLOOR):.2f}× its CPU a request; added latency at 1 connection "
-        f"{p50(FLOOR) - p50('direct'):.2f} ms",
+        f"{p50(FLOOR) - p50('direct'):.2f} ms; in two processes {rps(FLOOR_TWO) / rps(FLOOR):.2f}× its one (round by "
+        f"round {by_round(FLOOR_TWO, FLOOR)}), {cpu(FLOOR_TWO) / cpu(FLOOR):.2f}× its CPU a request",
         f"- {BARE_TWO} / bare proxy at 64 connections: {rps(BARE_TWO) / rps(bare):.2f}× (what a second core gives "
         f"a proxy that does nothing else, beside wrk and the upstream; credgate: {rps(two) / rps(one):.2f}×)",
         f"- CPU a request at 64 connections (user and system time of the serving processes over the run, divided by "
