@@ -33,7 +33,10 @@ class BareProxy:
         if scope["type"] == "lifespan":
             await self.lifespan(receive, send)
             return
-        headers = dict(scope["headers"])
+        await self.forward(scope, receive, send, dict(scope["headers"]))
+
+    async def forward(self, scope: Scope, receive: Receive, send: Send, headers: dict[bytes, bytes]) -> None:
+        """The request, its `headers` read once, relayed with the key in place of the token (401 for another)."""
         key = self.keys.get(headers.get(b"authorization", b""))
         path: bytes = scope["raw_path"]
         if key is None or not path.startswith(PREFIX) or self.session is None:

@@ -30,18 +30,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from harness import (
-    BIN,
-    GATEWAY_CORE,
-    add_bench_project,
-    free_port,
-    gateway_env,
-    own_data_dir,
-    pinned,
-    start_upstream,
-    wait_for_port,
-)
-from run import LUA, System, alone, wrk
+from harness import BIN, GATEWAY_CORE, add_bench_project, free_port, gateway_env, pinned, start_upstream, wait_for_port
+from run import CHAT, LUA, System, alone, loaded, start, wrk
 
 SOURCE = Path(__file__).resolve().parent.parent / "src"
 HOT_MODULES = [
@@ -52,7 +42,6 @@ HOT_MODULES = [
     "credgate/log_format.py",
     "credgate/metrics.py",
 ]
-CHAT = "/proxy/openai/chat/completions"
 
 
 def compile_copy(into: Path, modules: list[str]) -> Path:
@@ -89,23 +78,18 @@ def main() -> None:
     script = work / "post.lua"
     script.write_text(LUA % token)
     systems: list[System] = []
-    processes: list[subprocess.Popen[bytes]] = [start_upstream(upstream_port)]
+    upstream = start_upstream(upstream_port)
     try:
         wait_for_port(upstream_port)
         for name, python_path in (("pure Python", None), ("compiled", compiled_src)):
             port = free_port()
-            own_env = own_data_dir(env, work / f"data-{port}")  # the other gateway is stopped while this one runs
+            system_env = dict(env)
             if python_path is not None:
-                own_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(python_path), env.get("PYTHONPATH")]))
+                system_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(python_path), env.get("PYTHONPATH")]))
             command = pinned(GATEWAY_CORE, [str(BIN / "credgate"), "serve", "--port", str(port)])
-            log = (work / f"{port}.log").open("w")
-            process = subprocess.Popen(command, env=own_env, stdout=log, stderr=log)
-            processes.append(process)
-            systems.append(System(name, command, port, CHAT, "", own_env, process=process))
-            try:
-                wait_for_port(port)
-            except RuntimeError:
-                sys.exit(f"the {name} gateway did not start:\n{(work / f'{port}.log').read_text()[-3000:]}")
+            system = System(name, command, port, CHAT, "", system_env)
+            systems.append(system)
+            process = start(system, work)  # on a database of its own: the other is stopped while this one runs
             if python_path is not None and str(python_path) not in Path(f"/proc/{process.pid}/maps").read_text():
                 sys.exit("the compiled copy's gateway did not load its compiled modules")
         for system in systems:
@@ -114,11 +98,8 @@ def main() -> None:
         samples: dict[str, list[tuple[float, float]]] = {system.name: [] for system in systems}
         for round_number in range(1, options.rounds + 1):
             for system in systems:
-                before = system.cpu_seconds()
-                with alone(system, systems):
-                    run = wrk(system.url, script, 64, options.duration)
-                cpu_us = (system.cpu_seconds() - before) / run["requests"] * 1e6
-                samples[system.name].append((cpu_us, run["rps"]))
+                run = loaded(system, systems, script, 64, options.duration)
+                samples[system.name].append((run["cpu_us"], run["rps"]))
             print(
                 f"round {round_number}: "
                 + "; ".join(
@@ -139,7 +120,7 @@ def main() -> None:
         if options.keep:
             print(f"the compiled copy: {compiled_src}")
     finally:
-        for process in processes:
+        for process in [upstream, *(system.process for system in systems if system.process is not None)]:
             process.terminate()
             process.wait(timeout=40)
         shutil.rmtree(work, ignore_errors=True)

@@ -62,8 +62,8 @@ class FloorProxy(BareProxy):
             await super().__call__(scope, receive, send)
             return
         started, request_id = time.perf_counter(), secrets.token_hex(8)
-        authorization = dict(scope["headers"]).get(b"authorization", b"")
-        project = self.hashes.get(hashlib.sha256(authorization[7:]).hexdigest())
+        headers = dict(scope["headers"])
+        project = self.hashes.get(hashlib.sha256(headers.get(b"authorization", b"")[7:]).hexdigest())
         path: bytes = scope["raw_path"]
         endpoint = path[len(PREFIX) :].decode("latin-1")
         if project is None or (scope["method"], endpoint) not in ALLOWED:
@@ -86,7 +86,7 @@ class FloorProxy(BareProxy):
                     head.append(body)
             await send(message)
 
-        await super().__call__(scope, receive, send_noting)
+        await self.forward(scope, receive, send_noting, headers)
         duration = time.perf_counter() - started
         try:
             usage = orjson.loads(b"".join(head)).get("usage") or {}

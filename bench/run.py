@@ -75,6 +75,7 @@ BARE_TWO = "bare proxy, 2 processes"
 FLOOR = "bare proxy with the features, plainly"
 FLOOR_TWO = "bare proxy with the features, 2 processes"
 ONE, TWO = "credgate 1 worker", "credgate 2 workers"
+CHAT = "/proxy/openai/chat/completions"
 REDIS_URL = "redis://127.0.0.1:6379/0"
 CHAT_BODY = '{"model":"gpt-4o-mini","messages":[{"role":"user","content":"Say hello."}]}'
 LUA = f"""wrk.method = "POST"
@@ -241,6 +242,32 @@ def alone(system: System, systems: list[System]) -> Iterator[None]:
         time.sleep(0.2)  # their timers, late, fire now: not during the next one's run
 
 
+def start(system: System, work: Path) -> "subprocess.Popen[bytes]":
+    """Start `system` (a gateway on a copy of its data dir), logging to `work`; exits with its log if it does not
+    listen."""
+    if system.command is None:
+        raise ValueError(f"{system.name} has no command: it is not ours to start")
+    log_path = work / f"{system.port}.log"
+    env = None if system.env is None else own_data_dir(system.env, work / f"data-{system.port}")
+    with log_path.open("w") as log:
+        system.process = subprocess.Popen(system.command, env=env, stdout=log, stderr=log)
+    try:
+        wait_for_port(system.port)
+    except RuntimeError:
+        sys.exit(f"{system.name} did not start:\n{log_path.read_text()[-3000:]}")
+    return system.process
+
+
+def loaded(system: System, systems: list[System], script: Path, connections: int, duration: int) -> dict[str, float]:
+    """wrk's figures for `system` alone under load, with the CPU time a request cost it (`cpu_us`): what a request
+    costs the machine, whatever share of it the system got, steadier than requests/s on a host whose speed varies."""
+    before = system.cpu_seconds()
+    with alone(system, systems):
+        run = wrk(system.url, script, connections, duration)
+    run["cpu_us"] = (system.cpu_seconds() - before) / run["requests"] * 1e6
+    return run
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--duration", type=int, default=5, help="seconds per wrk run")
@@ -258,7 +285,7 @@ def main() -> None:
     script = work / "post.lua"
     script.write_text(LUA % token)
     serve = [str(BIN / "credgate"), "serve", "--port"]
-    chat, sse = "/proxy/openai/chat/completions", "/proxy/openai/sse"
+    chat, sse = CHAT, "/proxy/openai/sse"
     bare_port, one_port, two_port, quiet_port = free_port(), free_port(), free_port(), free_port()
     unobserved_port, traced_port, token_port, bare_two_port = free_port(), free_port(), free_port(), free_port()
     unrecorded_port, floor_port, floor_two_port = free_port(), free_port(), free_port()
@@ -349,15 +376,7 @@ def main() -> None:
         wait_for_port(upstream_port)
         for system in systems:
             if system.command is not None:
-                log = (work / f"{system.port}.log").open("w")
-                system_env = system.env
-                if system_env is not None:  # a gateway
-                    system_env = own_data_dir(system_env, work / f"data-{system.port}")
-                system.process = subprocess.Popen(system.command, env=system_env, stdout=log, stderr=log)
-                try:
-                    wait_for_port(system.port)
-                except RuntimeError:
-                    sys.exit(f"{system.name} did not start:\n{(work / f'{system.port}.log').read_text()[-3000:]}")
+                start(system, work)
         (work / "client.lua").write_text(LUA % mint_client_token(token_port, token))
         for system in systems:
             with alone(system, systems):
@@ -366,12 +385,7 @@ def main() -> None:
         for _ in range(options.rounds):
             for connections in (64, 1):
                 for system in systems:
-                    before = system.cpu_seconds()
-                    with alone(system, systems):
-                        run = wrk(system.url, system.script or script, connections, options.duration)
-                    # What a request costs the machine, whatever share of it the system got: steadier than
-                    # requests/s on a host whose speed varies from run to run.
-                    run["cpu_us"] = (system.cpu_seconds() - before) / run["requests"] * 1e6
+                    run = loaded(system, systems, system.script or script, connections, options.duration)
                     samples.setdefault((system.name, connections), []).append(run)
         first_bytes = first_bytes_ms(
             [system for system in systems if system.name not in (CLIENT_TOKEN, MINTING)], token, 200
