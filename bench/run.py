@@ -178,7 +178,8 @@ def first_bytes_ms(systems: list["System"], token: str, samples: int) -> FirstBy
             for _ in range(WARM_REQUESTS):
                 answered(address, system.path, token)
             warm.append(first_byte_ms(address, system.sse_path, token))
-    return FirstBytes(*({name: statistics.median(times[kind]) for name, times in taken.items()} for kind in range(3)))
+    medians = [{name: statistics.median(times[kind]) for name, times in taken.items()} for kind in range(3)]
+    return FirstBytes(cold=medians[0], after_one=medians[1], warm=medians[2])
 
 
 def _command_line(pid: int) -> bytes:
