@@ -163,7 +163,9 @@ def first_bytes_ms(systems: list["System"], token: str, samples: int) -> FirstBy
     carrying steady traffic. On this host a process that idled for a few milliseconds runs its next requests up to
     four times slower (the upstream direct too: about 0.2 ms cold against 0.05 warm), the more so the more code they
     run: one request warms the bare proxy up, credgate takes three to five."""
-    taken: dict[str, tuple[list[float], list[float], list[float]]] = {system.name: ([], [], []) for system in systems}
+    taken: dict[str, dict[str, list[float]]] = {
+        kind: {system.name: [] for system in systems} for kind in FirstBytes._fields
+    }
     order, shuffled = list(systems), random.Random(0)  # noqa: S311 - an order, not a secret
     for _ in range(samples):
         # In a new order each round, so that no system always follows the same one: a gateway on core 0 still
@@ -171,15 +173,18 @@ def first_bytes_ms(systems: list["System"], token: str, samples: int) -> FirstBy
         shuffled.shuffle(order)
         for system in order:
             address = ("127.0.0.1", system.port)
-            cold, after_one, warm = taken[system.name]
-            cold.append(first_byte_ms(address, system.sse_path, token))
+            taken["cold"][system.name].append(first_byte_ms(address, system.sse_path, token))
             answered(address, system.path, token)
-            after_one.append(first_byte_ms(address, system.sse_path, token))
+            taken["after_one"][system.name].append(first_byte_ms(address, system.sse_path, token))
             for _ in range(WARM_REQUESTS):
                 answered(address, system.path, token)
-            warm.append(first_byte_ms(address, system.sse_path, token))
-    medians = [{name: statistics.median(times[kind]) for name, times in taken.items()} for kind in range(3)]
-    return FirstBytes(cold=medians[0], after_one=medians[1], warm=medians[2])
+            taken["warm"][system.name].append(first_byte_ms(address, system.sse_path, token))
+    return FirstBytes(
+        **{
+            kind: {name: statistics.median(times) for name, times in by_system.items()}
+            for kind, by_system in taken.items()
+        }
+    )
 
 
 def _command_line(pid: int) -> bytes:
