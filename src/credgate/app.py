@@ -293,9 +293,16 @@ async def _gateways_panel(scope: Scope, receive: Receive, send: Send) -> None:
 
 
 def create_app(
-    settings: Settings, *, context: Context | None = None, http_session: aiohttp.ClientSession | None = None
+    settings: Settings,
+    *,
+    context: Context | None = None,
+    http_session: aiohttp.ClientSession | None = None,
+    upstream_connections: int = 1000,
 ) -> Gateway:
     """Build the gateway over one Runtime. Given `context` or `http_session`, they are used as they are (tests);
-    otherwise they are opened at start and closed at shutdown. The proxy exists once the lifespan has started."""
-    runtime = Runtime(settings, open_context, context=context, http_session=http_session)
+    otherwise they are opened at start and closed at shutdown. The proxy exists once the lifespan has started.
+    `upstream_connections`: the proxy's connections to upstreams open at once (in each pool)."""
+    runtime = Runtime(
+        settings, open_context, context=context, http_session=http_session, upstream_connections=upstream_connections
+    )
     return Gateway(runtime, functools.partial(_control_app, settings.admin_listener is not None))

@@ -46,13 +46,15 @@ class Runtime:
         *,
         context: Context | None = None,
         http_session: aiohttp.ClientSession | None = None,
+        upstream_connections: int = 1000,
     ) -> None:
         """Given `context` or `http_session`, they are used as they are and left open (tests); otherwise they are
-        opened at start and closed at shutdown."""
+        opened at start and closed at shutdown. `upstream_connections`: the proxy's connections open at once."""
         self.settings = settings
         self._open_context = open_context
         self._given_context = context
         self._given_session = http_session
+        self._upstream_connections = upstream_connections
         self._context = context
         self.proxy: ProxyApp | None = None
 
@@ -93,6 +95,7 @@ class Runtime:
             budgets=budgets,
             places=places,
             tracing=tracing,
+            max_upstream_connections=self._upstream_connections,
         )
         self._context, self.proxy = ctx, proxy
         asyncio.get_running_loop().call_later(1.0, _settle_collector)
@@ -132,7 +135,7 @@ class Runtime:
                 await budgets.aclose()
             if isinstance(places, SharedPlaces):  # after the requests, which give their places back
                 await places.aclose()
-            await proxy.upstreams.close()  # the sessions of integrations' exceptions, always the proxy's own
+            await proxy.upstreams.close()  # its pools, and the sessions of integrations' exceptions
             if self._given_session is None:
                 await session.close()
             if self._given_context is None:

@@ -35,6 +35,9 @@ class Answer:
     status: int
     headers: dict[str, str] = field(default_factory=dict)
 
+    def header(self, name: str) -> str | None:
+        return self.headers.get(name)
+
 
 async def never_refused(project_id: str, provider: str, key_id: str, failure: str) -> None:
     raise AssertionError("no key is refused here")

@@ -26,7 +26,7 @@ from sqlalchemy.engine import make_url
 
 from credgate.app import Gateway, create_app
 from credgate.config import Settings
-from credgate.proxy import ProxyApp, create_http_session, oauth
+from credgate.proxy import ProxyApp, oauth
 from credgate.services import admins, integrations, projects
 from credgate.services.access import LOOKUP_TIMEOUT_SECONDS
 from credgate.services.bootstrap import open_context
@@ -501,14 +501,11 @@ async def test_ft09_a_slow_but_steady_reader_is_not_cut(impatient: Served, ctx: 
 
 
 @pytest.fixture
-async def pooled(settings: Settings, ctx: Context) -> AsyncIterator[tuple[str, aiohttp.ClientSession]]:
+async def pooled(settings: Settings, ctx: Context) -> AsyncIterator[tuple[str, Gateway]]:
     """The gateway with an outbound pool of 10 connections, the catalogue's FT-10 setting."""
-    session = create_http_session(allow_private_upstreams=True, max_connections=10)
-    try:
-        async with serving(create_app(settings, context=ctx, http_session=session), settings) as url:
-            yield url, session
-    finally:
-        await session.close()
+    gateway = create_app(settings, context=ctx, upstream_connections=10)
+    async with serving(gateway, settings) as url:
+        yield url, gateway
 
 
 def relayed_headers(response: httpx.Response) -> list[tuple[bytes, bytes]]:
@@ -523,9 +520,9 @@ def relayed_headers(response: httpx.Response) -> list[tuple[bytes, bytes]]:
 
 
 async def test_ft10_provider_errors_arrive_byte_identical_and_a_storm_of_them_exhausts_no_pool(
-    pooled: tuple[str, aiohttp.ClientSession], ctx: Context, project: Project
+    pooled: tuple[str, Gateway], ctx: Context, project: Project
 ) -> None:
-    url, session = pooled
+    url, gateway = pooled
     async with run_catalogue_upstream() as catalogue, httpx.AsyncClient(timeout=10) as client:
         await add_custom(ctx, project, "errors", catalogue.url)
         for status, chunked in itertools.product((400, 401, 403, 404, 429, 500, 503), ("0", "1")):
@@ -558,9 +555,9 @@ async def test_ft10_provider_errors_arrive_byte_identical_and_a_storm_of_them_ex
         statuses = await asyncio.gather(*(streamed_429(limit) for _ in range(200)))
         assert set(statuses) == {429}
         assert catalogue.peak_active <= 10
-        connector = session.connector
-        assert connector is not None
-        assert await eventually(lambda: not connector._acquired, within=1.0)  # no connection left active
+        assert gateway.runtime.proxy is not None
+        connections = gateway.runtime.proxy.upstreams.connections
+        assert await eventually(lambda: connections.in_use == 0, within=1.0)  # no connection left active
         after = await client.post(f"{url}/proxy/errors/slow", headers=bearer(project.token))
         assert after.status_code == 200
 

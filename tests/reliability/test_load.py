@@ -26,7 +26,7 @@ from prometheus_client import REGISTRY
 from credgate.app import Gateway, create_app
 from credgate.config import Settings
 from credgate.fleet.concurrency import LocalPlaces
-from credgate.proxy import ProxyApp, create_http_session, relay
+from credgate.proxy import ProxyApp, relay
 from credgate.services import integrations, projects
 from credgate.services.bootstrap import open_context
 from credgate.services.context import Context
@@ -277,23 +277,19 @@ async def test_ls04_a_flood_of_slow_and_silent_connections_is_closed_at_the_head
 
 
 @pytest.fixture
-async def pooled(settings: Settings, ctx: Context) -> AsyncIterator[tuple[str, aiohttp.ClientSession]]:
+async def pooled(settings: Settings, ctx: Context) -> AsyncIterator[str]:
     """The gateway with an outbound pool of 5 connections (1,000 in production)."""
-    session = create_http_session(allow_private_upstreams=True, max_connections=5)
-    try:
-        async with serving(create_app(settings, context=ctx, http_session=session), settings) as url:
-            yield url, session
-    finally:
-        await session.close()
+    async with serving(create_app(settings, context=ctx, upstream_connections=5), settings) as url:
+        yield url
 
 
 async def test_ls07_a_slow_upstream_gets_at_most_the_pool_and_waiting_requests_end_at_the_timeout(
-    pooled: tuple[str, aiohttp.ClientSession], ctx: Context, project: Project, catalogue: CatalogueUpstream
+    pooled: str, ctx: Context, project: Project, catalogue: CatalogueUpstream
 ) -> None:
     """The pool caps the upstream's concurrency; waiting for a slot counts against `timeout_seconds`, so a
     saturated upstream gives 504s, not an unbounded queue. (The catalogue asks for a separate pool-acquire
     timeout answered 503; credgate has none.)"""
-    url, _session = pooled
+    url = pooled
     await add_custom(ctx, project, "stuck", catalogue.url, timeout_seconds=0.5)
     async with aiohttp.ClientSession() as http:
 

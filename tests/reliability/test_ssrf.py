@@ -21,7 +21,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import httpx
 import pytest
 from aiohttp import web
@@ -33,7 +32,6 @@ from pydantic import ValidationError
 
 from credgate.app import create_app
 from credgate.config import Settings
-from credgate.proxy import create_http_session
 from credgate.services.context import Context
 from credgate.specs import OAuth2ClientCredentialsAuth
 from tests.conftest import POSTGRES_URL, REQUIRE_POSTGRES
@@ -456,16 +454,14 @@ async def test_ss04_a_rebinding_name_never_reaches_loopback_in_100_requests(
     network.answer("rebind.test", [public], ["127.0.0.1"])  # TTL 0: public once, loopback ever after
     # The canary's port: a connection to the rebound address would land on it.
     await add_custom(ctx, project, "rebind", f"http://rebind.test:{canary.port}/v1")
-    session = create_http_session(allow_private_upstreams=False)
-    assert isinstance(session.connector, aiohttp.TCPConnector)
+    gateway = create_app(guarded(settings), context=ctx)
     statuses = []
-    try:
-        async with serving(create_app(guarded(settings), context=ctx, http_session=session), guarded(settings)) as url:
-            for _request in range(100):
-                statuses.append((await proxied(http, url, project, "rebind")).status_code)
-                session.connector.clear_dns_cache()  # as if the cache's own TTL had run out
-    finally:
-        await session.close()
+    async with serving(gateway, guarded(settings)) as url:
+        assert gateway.runtime.proxy is not None
+        connections = gateway.runtime.proxy.upstreams.connections
+        for _request in range(100):
+            statuses.append((await proxied(http, url, project, "rebind")).status_code)
+            connections.clear_dns_cache()  # as if the cache's own TTL had run out
     assert statuses == [200] + [502] * 99
     # One lookup per connection, and the connection went where that lookup's checked answer said.
     assert network.queries == ["rebind.test"] * 100

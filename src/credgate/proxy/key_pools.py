@@ -15,9 +15,8 @@ import time
 from collections.abc import Awaitable, Callable
 from email.utils import parsedate_to_datetime
 
-import aiohttp
-
 from credgate import metrics
+from credgate.proxy.http_client import UpstreamResponse
 from credgate.resolved import PoolKey, ResolvedIntegration
 
 logger = logging.getLogger(__name__)
@@ -78,7 +77,7 @@ class KeyPools:
         project_id: str,
         integration: ResolvedIntegration,
         key: PoolKey,
-        response: aiohttp.ClientResponse,
+        response: UpstreamResponse,
         *,
         last: bool,
     ) -> bool:
@@ -97,7 +96,7 @@ class KeyPools:
             self._in_background(self._record(project_id, integration.provider, key.id, failure))
             return True
         if status in (402, 429):
-            seconds = cool_seconds(response.headers.get("Retry-After"))
+            seconds = cool_seconds(response.header("Retry-After"))
             self._rest(key.id, self._clock() + seconds)
             metrics.key_failovers.labels(integration.provider, "cooling").inc()
             if self.announce is not None:

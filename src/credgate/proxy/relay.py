@@ -49,6 +49,7 @@ from credgate.proxy.client import (
 from credgate.proxy.cors import CorsSend, origin_of, preflight_headers, preflight_of
 from credgate.proxy.deadlines import Deadlines
 from credgate.proxy.guard import NonPublicAddress
+from credgate.proxy.http_client import UpstreamResponse
 from credgate.proxy.key_pools import FAILOVER_MAX_BODY_BYTES, KeyPools
 from credgate.proxy.minting import ClientTokenMinter
 from credgate.proxy.oauth import TokenBroker
@@ -94,7 +95,7 @@ if TYPE_CHECKING:  # the SDK is loaded only when tracing is on; PyJWT at the fir
 
 logger = logging.getLogger(__name__)
 _IN_FLIGHT, _STREAMS_OPEN = metrics.in_flight, metrics.streams_open
-_VERIFY_TIMEOUT = aiohttp.ClientTimeout(total=15)
+_VERIFY_TIMEOUT_SECONDS = 15
 _WEBHOOK_TIMEOUT = aiohttp.ClientTimeout(total=10)
 _JWKS_TIMEOUT = aiohttp.ClientTimeout(total=10)
 _MAX_JWKS_BYTES = 1 << 20
@@ -138,9 +139,12 @@ class ProxyApp:
         places: Places | None = None,
         tracing: "Tracing | None" = None,
         max_in_flight: int = 1000,
+        max_upstream_connections: int = 1000,
     ) -> None:
         """`rate_limits`, `budgets`, `places`: the fleet's shared counters where there are some; else this process
-        counts alone (budgets from the request log). `tracing`: a span per request, when OpenTelemetry is configured."""
+        counts alone (budgets from the request log). `tracing`: a span per request, when OpenTelemetry is configured.
+        `session`: the aiohttp session of calls other than the proxied ones (OAuth tokens, identity keys, webhooks);
+        `max_upstream_connections`: the proxy's own connections open at once, in each of its pools."""
         self.ctx = ctx
         self.tracing = tracing
         self.recorder = recorder
@@ -163,6 +167,7 @@ class ProxyApp:
             allow_private=settings.allow_private_upstreams,
             open_session=lambda resolver: create_http_session(allow_private_upstreams=False, resolver=resolver),
             ports=settings.upstream_port_set,
+            max_connections=max_upstream_connections,
         )
         self.key_pools = KeyPools(
             lambda project_id, provider, key_id, failure: take_key_out_of_service(
@@ -561,7 +566,7 @@ class ProxyApp:
             if isinstance(error, TimeoutError) and not isinstance(error, aiohttp.ConnectionTimeoutError):
                 self._upstream_failed(integration.provider, "timeout", span)
                 raise GatewayTimeout(f"{integration.provider} did not answer in time") from None
-            if isinstance(getattr(error, "os_error", None), NonPublicAddress):
+            if isinstance(error, NonPublicAddress) or isinstance(getattr(error, "os_error", None), NonPublicAddress):
                 self._upstream_failed(integration.provider, "not_public", span)
                 raise _not_public(integration.provider) from None
             self._upstream_failed(integration.provider, "unreachable", span)
@@ -594,7 +599,7 @@ class ProxyApp:
         length: int | None,
         span: "RequestSpan | None",
         record: ProxiedRequest,
-    ) -> aiohttp.ClientResponse:
+    ) -> UpstreamResponse:
         """The upstream's response: `plan` sent with `keys[0]`; with a pool, each next key (`plan_with` its
         credential) while the provider refuses one (401, 403) or has it wait (429, 402), the last one's response
         whatever it is."""
@@ -614,8 +619,8 @@ class ProxyApp:
             if left <= 0:  # nothing is sent (the provider would work, and bill, for an answer nobody waits for)
                 raise TimeoutError
             with self.deadlines.within(min(integration.timeout_seconds, left)):
-                response = await self.upstreams.session_for(integration.private_networks).request(
-                    plan.method, url, headers=headers, data=data, allow_redirects=False
+                response = await self.upstreams.connections_for(integration.private_networks).request(
+                    plan.method, url, headers, data
                 )
             if span is not None:
                 span.upstream_answered(response.status)
@@ -651,18 +656,18 @@ class ProxyApp:
             if isinstance(integration.auth, AwsSigV4Auth):
                 key = integration.credential.reveal()
                 headers = sign(plan, b"", spec=integration.auth, key=key, provider=integration.provider)
-            async with self.upstreams.session_for(integration.private_networks).request(
-                plan.method,
-                URL(plan.url, encoded=True),
-                headers=headers,
-                allow_redirects=False,
-                timeout=_VERIFY_TIMEOUT,
-            ) as response:
-                await response.read()
-                return verdict(response.status)
+            async with asyncio.timeout(_VERIFY_TIMEOUT_SECONDS):
+                response = await self.upstreams.connections_for(integration.private_networks).request(
+                    plan.method, URL(plan.url, encoded=True), headers
+                )
+                try:
+                    await response.read()
+                finally:
+                    response.release()
+            return verdict(response.status)
         except BadGateway as error:
             return Verification(accepted=None, status=None, message=error.message)
-        except (aiohttp.ClientError, OSError):
+        except (OSError, ValueError):  # TimeoutError among them
             return Verification(accepted=None, status=None, message="the provider could not be reached")
 
     async def post_event(self, url: str, body: bytes, headers: list[tuple[str, str]]) -> int:
@@ -709,7 +714,7 @@ class ProxyApp:
 
     async def _stream_response(
         self,
-        response: aiohttp.ClientResponse,
+        response: UpstreamResponse,
         send: Send,
         record: ProxiedRequest,
         watch: ClientWatch,
@@ -718,10 +723,10 @@ class ProxyApp:
     ) -> None:
         head_at = time.perf_counter()
         headers = response_headers(response.raw_headers, secrets=query_secrets)
-        content_type = response.headers.get("Content-Type", "")
-        if content_type.startswith("text/event-stream") and "X-Accel-Buffering" not in response.headers:
+        content_type = response.header("Content-Type") or ""
+        if content_type.startswith("text/event-stream") and response.header("X-Accel-Buffering") is None:
             headers.append((b"x-accel-buffering", b"no"))  # so a front proxy does not hold events back
-        record.start_response(response.status, content_type, response.headers.get("Content-Encoding", ""))
+        record.start_response(response.status, content_type, response.header("Content-Encoding") or "")
         await send({"type": "http.response.start", "status": response.status, "headers": headers})
         if record.overhead_ms is not None:
             record.overhead_ms += (time.perf_counter() - head_at) * 1000
@@ -737,14 +742,14 @@ class ProxyApp:
 
     async def _relay_body(
         self,
-        response: aiohttp.ClientResponse,
+        response: UpstreamResponse,
         send: Send,
         record: ProxiedRequest,
         watch: ClientWatch,
         idle_seconds: float,
         ends_at: float,
     ) -> None:
-        content = response.content
+        content = response
         try:
             while True:
                 # What has arrived is sent at once; a timer is armed only to wait for more, and bounded by what is
@@ -754,7 +759,7 @@ class ProxyApp:
                     left = ends_at - time.perf_counter()
                     try:
                         async with asyncio.timeout(min(idle_seconds, left)):
-                            chunk = await content.readany()
+                            chunk = await content.read_any()
                     except TimeoutError:
                         if left <= idle_seconds:
                             raise _PastTotalTimeout from None

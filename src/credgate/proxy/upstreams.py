@@ -1,11 +1,12 @@
-"""The upstream side: how an outbound session is made, and which one serves an integration: the public-only
-one that every integration without exceptions shares, or one per distinct list of exceptions (an integration's
-`private_networks`).
+"""The upstream side: which connections serve an integration's calls. Proxied requests and key verifications go
+through the proxy's own client (http_client.Connections); OAuth token fetches, identity keys and webhooks through
+an aiohttp session. Either is the public-only one that every integration without exceptions shares, or one per
+distinct list of exceptions (an integration's `private_networks`).
 
-aiohttp pools connections, and caches DNS answers, per connector, by host and port. Were two integrations to call
-the same host:port through one session, a connection opened under one's exception would serve the other, which
-has none. So each list of exceptions gets a session of its own, whose resolver admits exactly that list;
-integrations with the same list (in any order) share it, since the same calls are allowed to them.
+Both pool connections, and cache DNS answers, by host and port. Were two integrations to call the same host:port
+through one pool, a connection opened under one's exception would serve the other, which has none. So each list
+of exceptions gets a pool of its own, whose resolver admits exactly that list; integrations with the same list (in
+any order) share it, since the same calls are allowed to them.
 """
 
 import asyncio
@@ -23,6 +24,7 @@ from yarl import URL
 
 from credgate.netguard import PrivateNetworks
 from credgate.proxy.guard import PrivateNetworksResolver, PublicOnlyResolver
+from credgate.proxy.http_client import Connections
 
 # Distinct lists with a session open at once; beyond that the least recently used one is closed once idle.
 MAX_EXCEPTION_SESSIONS = 64
@@ -43,7 +45,7 @@ class _FramingAwareResponseHandler(ResponseHandler):
 
 
 @functools.cache
-def _tls_context() -> ssl.SSLContext:
+def tls_context() -> ssl.SSLContext:
     """Verified TLS, built without the environment: Python's default context would write every session secret
     (and with it the provider keys on the wire) to a file named by SSLKEYLOGFILE.
 
@@ -65,7 +67,7 @@ def create_http_session(
         ttl_dns_cache=10,
         enable_cleanup_closed=True,
         resolver=None if allow_private_upstreams else resolver or PublicOnlyResolver(),
-        ssl=_tls_context(),
+        ssl=tls_context(),
     )
     connector._factory = functools.partial(_FramingAwareResponseHandler, loop=asyncio.get_running_loop())  # type: ignore[assignment]
     session = aiohttp.ClientSession(
@@ -93,13 +95,20 @@ class Upstreams:
         open_session: SessionFactory,
         max_sessions: int = MAX_EXCEPTION_SESSIONS,
         ports: frozenset[int] | None = None,
+        max_connections: int = 1000,
     ) -> None:
-        """`ports`: those a public upstream may use (CREDGATE_UPSTREAM_PORTS); None: any."""
+        """`ports`: those a public upstream may use (CREDGATE_UPSTREAM_PORTS); None: any. `max_connections`: open
+        at once by the proxy's client, in each of its pools."""
         self.default = default
         self._allow_private = allow_private
         self._ports = ports
         self._open_session = open_session
         self._max_sessions = max_sessions
+        self._max_connections = max_connections
+        self.connections = Connections(
+            None if allow_private else PublicOnlyResolver(), tls=tls_context(), limit=max_connections
+        )
+        self._pools: OrderedDict[PrivateNetworks, Connections] = OrderedDict()  # oldest use first
         self._sessions: OrderedDict[PrivateNetworks, aiohttp.ClientSession] = OrderedDict()  # oldest use first
         self._retired: set[aiohttp.ClientSession] = set()
         self._closers: set[asyncio.Task[None]] = set()
@@ -125,6 +134,23 @@ class Upstreams:
             _, oldest = self._sessions.popitem(last=False)
             self._retire(oldest)
         return session
+
+    def connections_for(self, exceptions: PrivateNetworks) -> Connections:
+        """The proxy client's pool for an integration with these exceptions, as `session_for` chooses sessions. A
+        pool that falls out of the most recent ones is retired: it closes its connections as their responses end."""
+        if self._allow_private or not exceptions:
+            return self.connections
+        pool = self._pools.get(exceptions)
+        if pool is not None:
+            self._pools.move_to_end(exceptions)
+            return pool
+        pool = self._pools[exceptions] = Connections(
+            PrivateNetworksResolver(exceptions), tls=tls_context(), limit=self._max_connections
+        )
+        while len(self._pools) > self._max_sessions:
+            _, oldest = self._pools.popitem(last=False)
+            oldest.retire()
+        return pool
 
     def refuses(self, url: str, exceptions: PrivateNetworks) -> bool:
         """Whether a base or token URL is refused by its host's spelling alone, before any connection (aiohttp
@@ -166,7 +192,12 @@ class Upstreams:
         await session.close()
 
     async def close(self) -> None:
-        """Close every session of exceptions (the default one belongs to whoever made it)."""
+        """Close every pool of the proxy's client, and every session of exceptions (the default session belongs to
+        whoever made it)."""
+        pools = [self.connections, *self._pools.values()]
+        self._pools.clear()
+        for pool in pools:
+            await pool.close()
         for closer in list(self._closers):
             closer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
