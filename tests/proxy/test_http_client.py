@@ -260,6 +260,18 @@ async def test_a_head_over_the_bounds_or_not_http_drops_the_connection(
     assert upstream.connections == 1
 
 
+async def test_bytes_past_the_response_end_the_connection_and_never_answer_the_next_request(
+    pool: Connections, serve: Serve
+) -> None:
+    smuggled = b"HTTP/1.1 200 OK\r\ncontent-length: 7\r\n\r\nplanted"
+    upstream, url = await serve(lambda _request: OK + smuggled)
+    first = await pool.request("GET", url, [])
+    assert (first.status, await body_of(first)) == (200, b"{}")  # the response itself is whole
+    upstream.script = lambda _request: b"HTTP/1.1 200 OK\r\ncontent-length: 6\r\n\r\nhonest"
+    assert await body_of(await pool.request("GET", url, [])) == b"honest"
+    assert upstream.connections == 2
+
+
 async def test_a_response_released_before_its_end_closes_its_connection(pool: Connections, serve: Serve) -> None:
     upstream, url = await serve(lambda _request: b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nhalf")
     response = await pool.request("GET", url, [])

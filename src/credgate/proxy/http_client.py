@@ -158,6 +158,7 @@ class _Connection(asyncio.Protocol):
         self._head_only = False  # a HEAD request's response: no body follows, whatever its headers say
         self._until_close = False  # a body framed by the connection's end
         self._interim = False  # a 1xx response, followed by the actual one
+        self._complete = False  # the response to the request out has been received whole
         self._head_bytes = 0  # received while the head is incomplete (the parser holds them); -1 once it is complete
         self._header_bytes = 0  # of the head's headers
         self._reusable = False
@@ -201,10 +202,13 @@ class _Connection(asyncio.Protocol):
     # httptools' callbacks
 
     def on_message_begin(self) -> None:
+        if self.response is None or self._complete:
+            # Bytes past the response, or with no request out: HTTP/1.1 has no place for them, and taking them for
+            # the next response would answer that request with what the upstream chose before it was asked.
+            raise UpstreamFraming("the upstream sent a response nobody asked for")
         self._head_bytes = max(self._head_bytes, 0)
         self._header_bytes = 0
-        if self.response is not None:
-            self.response.raw_headers = []
+        self.response.raw_headers = []
 
     def on_header(self, name: bytes, value: bytes) -> None:
         if self.response is None:
@@ -249,6 +253,7 @@ class _Connection(asyncio.Protocol):
         if self._interim:
             self._interim = False
             return
+        self._complete = True
         response = self.response
         if response is not None and not self._head_only:
             self._reusable = self.parser.should_keep_alive() and (self._writer is None or self._writer.done())
@@ -271,6 +276,7 @@ class _Connection(asyncio.Protocol):
         self.response = UpstreamResponse(self)
         self._head = loop.create_future()
         self._head_only, self._until_close, self._interim, self._reusable = head_only, False, False, False
+        self._complete = False
         self._head_bytes = 0
         try:
             if body is None or isinstance(body, bytes):
@@ -439,9 +445,12 @@ class Connections:
             self._waiters.append(waiter)
             try:
                 await waiter
-            finally:
+            except BaseException:
+                if waiter.done() and not waiter.cancelled():
+                    self._wake_waiter()  # woken, then cancelled: the turn passes to the next in line
                 with contextlib.suppress(ValueError):
                     self._waiters.remove(waiter)
+                raise
             reused = self._idle_connection(key)
             if reused is not None:
                 return reused
