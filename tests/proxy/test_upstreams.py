@@ -10,11 +10,12 @@ import aiohttp
 import pytest
 from aiohttp import web
 from aiohttp.abc import AbstractResolver
+from yarl import URL
 
 from credgate.netguard import NO_PRIVATE_NETWORKS, PrivateNetworks
 from credgate.proxy import create_http_session
 from credgate.proxy import upstreams as upstreams_module
-from credgate.proxy.guard import NonPublicAddress, PrivateNetworksResolver
+from credgate.proxy.guard import NonPublicAddress, PrivateNetworksResolver, PublicOnlyResolver
 from credgate.proxy.upstreams import Upstreams
 
 LOOPBACK = PrivateNetworks.of(["127.0.0.1"])
@@ -148,6 +149,49 @@ async def test_closing_closes_every_session_of_exceptions_and_not_the_shared_one
     assert all(session.closed for session in sessions)
     assert not default.closed
     assert registry.exception_sessions == 0
+
+
+async def test_the_proxys_pools_follow_the_sessions_rule_one_per_distinct_list(registry: Upstreams) -> None:
+    assert registry.connections_for(NO_PRIVATE_NETWORKS) is registry.connections
+    loopback = registry.connections_for(LOOPBACK)
+    assert registry.connections_for(PrivateNetworks.of(["127.0.0.1/32"])) is loopback  # the same list
+    assert loopback is not registry.connections_for(VPC)
+    assert isinstance(loopback._resolver, PrivateNetworksResolver)
+    assert loopback._resolver._exceptions == LOOPBACK
+    assert isinstance(registry.connections._resolver, PublicOnlyResolver)
+
+
+async def test_a_retired_pool_lets_its_response_in_flight_end_and_then_closes_its_connection(
+    registry: Upstreams,
+) -> None:
+    release = asyncio.Event()
+    closed = asyncio.Event()
+
+    async def slow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nfirst")
+        await release.wait()
+        writer.write(b" last")
+        await reader.read()  # until the gateway's side closes
+        closed.set()
+        writer.close()
+
+    server = await asyncio.start_server(slow, "127.0.0.1", 0)
+    try:
+        pool = registry.connections_for(LOOPBACK)
+        url = URL(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/stream")
+        response = await pool.request("GET", url, [])
+        assert await response.read_any() == b"first"
+        registry.connections_for(VPC)
+        registry.connections_for(GPU)  # LOOPBACK's pool is retired, its response still streaming
+        assert registry.connections_for(LOOPBACK) is not pool  # a new one, when needed again
+        release.set()
+        assert await response.read() == b" last"
+        response.release()
+        await asyncio.wait_for(closed.wait(), 5)  # not kept for reuse: its pool is retired
+    finally:
+        server.close()
+        await server.wait_closed()
 
 
 async def test_the_resolver_refuses_an_answer_outside_the_list(monkeypatch: pytest.MonkeyPatch) -> None:
