@@ -8,7 +8,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from playwright.async_api import Page, expect
+from playwright.async_api import Locator, Page, expect
 
 from tests.browser.conftest import PASSWORD, screenshot, seen, sign_in
 from tests.e2e.conftest import RunningGateway
@@ -40,6 +40,16 @@ async def create_project(page: Page, gateway: RunningGateway, name: str = "My ap
 async def proxied(gateway: RunningGateway, token: str, path: str, body: object = CHAT) -> httpx.Response:
     async with httpx.AsyncClient() as client:
         return await client.post(f"{gateway.url}/proxy/{path}", json=body, headers={"Authorization": f"Bearer {token}"})
+
+
+async def reload_until(page: Page, locator: Locator, text: str) -> None:
+    """Reload until the locator shows the text: for what the gateway records in the background after answering."""
+    for _ in range(50):
+        await page.reload()
+        if text in await locator.inner_text():
+            return
+        await page.wait_for_timeout(100)
+    await expect(locator).to_contain_text(text)
 
 
 async def point_at(gateway: RunningGateway, project_url: str, provider: str, upstream: Upstream) -> None:
@@ -245,13 +255,8 @@ async def test_a_second_key_takes_over_when_the_provider_refuses_the_first_then_
     answer = await proxied(gateway, token, "pool/v1/chat/completions")
     assert answer.status_code == 200
     assert judge.keys_called() == [KEY, CUSTOM_KEY]
-    # The proxy records the refusal in the background: reload until the page shows it.
-    for _ in range(50):
-        await page.reload()
-        if "out of service" in await rows.first.inner_text():
-            break
-        await page.wait_for_timeout(100)
-    await expect(rows.first).to_contain_text("out of service refused by the provider (401)")
+    # The proxy records the refusal in the background.
+    await reload_until(page, rows.first, "out of service refused by the provider (401)")
 
     del judge.answers[KEY]  # reopened: the admin puts the key back
     await rows.first.get_by_role("button", name="Enable").click()
@@ -292,8 +297,8 @@ async def test_a_second_key_takes_over_when_the_provider_refuses_the_first_then_
         headers, body = receiver.received[0]
         stamp, digest = (part.split("=", 1)[1] for part in headers["Credgate-Signature"].split(","))
         assert hmac.new(secret.encode(), f"{stamp}.".encode() + body, hashlib.sha256).hexdigest() == digest
-        await page.reload()
-        await expect(page.locator("table.deliveries")).to_contain_text("delivered")
+        # The delivery is recorded once the receiver's answer is back, a moment after the receiver has the event.
+        await reload_until(page, page.locator("table.deliveries"), "delivered")
         assert secret not in await seen(page)
     assert KEY not in await seen(page)
     assert CUSTOM_KEY not in await seen(page)
