@@ -55,12 +55,13 @@ class UpstreamFraming(UpstreamError):
 class UpstreamResponse:
     """A response as it arrives: status and headers first, then the body, buffered until the relay takes it."""
 
-    __slots__ = ("_buffered", "_chunks", "_connection", "_eof", "_error", "_waiter", "raw_headers", "status")
+    __slots__ = ("_buffered", "_chunks", "_connection", "_eof", "_error", "_named", "_waiter", "raw_headers", "status")
 
     def __init__(self, connection: "_Connection") -> None:
         self._connection: _Connection | None = connection
         self.status = 0
         self.raw_headers: list[tuple[bytes, bytes]] = []
+        self._named: dict[bytes, bytes] = {}  # each header's first value by its name in lower case
         self._chunks: list[bytes] = []
         self._buffered = 0
         self._eof = False
@@ -69,11 +70,8 @@ class UpstreamResponse:
 
     def header(self, name: str) -> str | None:
         """The first value of the header `name` (any case), or None."""
-        wanted = name.lower().encode()
-        for key, value in self.raw_headers:
-            if key.lower() == wanted:
-                return value.decode("latin-1")
-        return None
+        value = self._named.get(name.lower().encode())
+        return None if value is None else value.decode("latin-1")
 
     def is_eof(self) -> bool:
         """Whether the body has arrived whole (some of it may still be buffered)."""
@@ -208,7 +206,7 @@ class _Connection(asyncio.Protocol):
             raise UpstreamFraming("the upstream sent a response nobody asked for")
         self._head_bytes = max(self._head_bytes, 0)
         self._header_bytes = 0
-        self.response.raw_headers = []
+        self.response.raw_headers, self.response._named = [], {}
 
     def on_header(self, name: bytes, value: bytes) -> None:
         if self.response is None:
@@ -230,9 +228,11 @@ class _Connection(asyncio.Protocol):
             self._interim = True  # 100 Continue, 103 Early Hints: the actual response follows
             return
         response.status = status
-        framing = {name.lower() for name, _ in response.raw_headers}
+        named = response._named
+        for name, value in reversed(response.raw_headers):  # reversed: the first value stays
+            named[name.lower()] = value
         self._until_close = (
-            status not in (204, 304) and b"content-length" not in framing and b"transfer-encoding" not in framing
+            status not in (204, 304) and b"content-length" not in named and b"transfer-encoding" not in named
         )
         if self._head is not None and not self._head.done():
             self._head.set_result(response)
@@ -370,7 +370,7 @@ class Connections:
     @property
     def in_use(self) -> int:
         """Connections lent to a request (open, not idle in the pool)."""
-        return len(self._open) - sum(len(idle) for idle in self._idle.values())
+        return len(self._open) - self._idle_count()
 
     async def request(
         self,
@@ -440,7 +440,7 @@ class Connections:
     async def _connect(self, key: tuple[str, str, int]) -> _Connection:
         if self.closed:
             raise UpstreamError("the connection pool is closed")
-        while len(self._open) - self._idle_count() >= self.limit:
+        while self.in_use >= self.limit:
             waiter = asyncio.get_running_loop().create_future()
             self._waiters.append(waiter)
             try:

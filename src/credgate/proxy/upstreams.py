@@ -15,6 +15,7 @@ import functools
 import ssl
 from collections import OrderedDict
 from collections.abc import Callable
+from typing import Generic, TypeVar
 
 import aiohttp
 from aiohttp.abc import AbstractResolver
@@ -31,6 +32,41 @@ MAX_EXCEPTION_SESSIONS = 64
 _IDLE_CHECK_SECONDS = 1.0
 _MAX_REMEMBERED_URLS = 10_000
 SessionFactory = Callable[[AbstractResolver], aiohttp.ClientSession]
+_Opened = TypeVar("_Opened")
+
+
+class _MostRecent(Generic[_Opened]):
+    """What is open for each list of exceptions, for the `size` lists used last: a new one pushes the least recently
+    used out, to `retire`. One that `usable` rejects is opened again."""
+
+    def __init__(
+        self,
+        size: int,
+        open_for: Callable[[PrivateNetworks], _Opened],
+        retire: Callable[[_Opened], None],
+        usable: Callable[[_Opened], bool] = lambda _opened: True,
+    ) -> None:
+        self._size, self._open_for, self._retire, self._usable = size, open_for, retire, usable
+        self._opened: OrderedDict[PrivateNetworks, _Opened] = OrderedDict()  # oldest use first
+
+    def __len__(self) -> int:
+        return len(self._opened)
+
+    def get(self, exceptions: PrivateNetworks) -> _Opened:
+        opened = self._opened.get(exceptions)
+        if opened is not None and self._usable(opened):
+            self._opened.move_to_end(exceptions)
+            return opened
+        opened = self._opened[exceptions] = self._open_for(exceptions)
+        while len(self._opened) > self._size:
+            self._retire(self._opened.popitem(last=False)[1])
+        return opened
+
+    def take_all(self) -> list[_Opened]:
+        """Everything open, forgotten here (to be closed by the caller)."""
+        opened = list(self._opened.values())
+        self._opened.clear()
+        return opened
 
 
 class _FramingAwareResponseHandler(ResponseHandler):
@@ -102,14 +138,17 @@ class Upstreams:
         self.default = default
         self._allow_private = allow_private
         self._ports = ports
-        self._open_session = open_session
-        self._max_sessions = max_sessions
         self._max_connections = max_connections
         self.connections = Connections(
             None if allow_private else PublicOnlyResolver(), tls=tls_context(), limit=max_connections
         )
-        self._pools: OrderedDict[PrivateNetworks, Connections] = OrderedDict()  # oldest use first
-        self._sessions: OrderedDict[PrivateNetworks, aiohttp.ClientSession] = OrderedDict()  # oldest use first
+        self._pools = _MostRecent(max_sessions, self._open_pool, Connections.retire)
+        self._sessions = _MostRecent(
+            max_sessions,
+            lambda exceptions: open_session(PrivateNetworksResolver(exceptions)),
+            self._retire,
+            usable=lambda session: not session.closed,
+        )
         self._retired: set[aiohttp.ClientSession] = set()
         self._closers: set[asyncio.Task[None]] = set()
         self._refused: dict[tuple[str, PrivateNetworks], bool] = {}
@@ -125,32 +164,17 @@ class Upstreams:
         (or when CREDGATE_ALLOW_PRIVATE_UPSTREAMS leaves nothing to except), else the list's own."""
         if self._allow_private or not exceptions:
             return self.default
-        session = self._sessions.get(exceptions)
-        if session is not None and not session.closed:
-            self._sessions.move_to_end(exceptions)
-            return session
-        session = self._sessions[exceptions] = self._open_session(PrivateNetworksResolver(exceptions))
-        while len(self._sessions) > self._max_sessions:
-            _, oldest = self._sessions.popitem(last=False)
-            self._retire(oldest)
-        return session
+        return self._sessions.get(exceptions)
 
     def connections_for(self, exceptions: PrivateNetworks) -> Connections:
         """The proxy client's pool for an integration with these exceptions, as `session_for` chooses sessions. A
         pool that falls out of the most recent ones is retired: it closes its connections as their responses end."""
         if self._allow_private or not exceptions:
             return self.connections
-        pool = self._pools.get(exceptions)
-        if pool is not None:
-            self._pools.move_to_end(exceptions)
-            return pool
-        pool = self._pools[exceptions] = Connections(
-            PrivateNetworksResolver(exceptions), tls=tls_context(), limit=self._max_connections
-        )
-        while len(self._pools) > self._max_sessions:
-            _, oldest = self._pools.popitem(last=False)
-            oldest.retire()
-        return pool
+        return self._pools.get(exceptions)
+
+    def _open_pool(self, exceptions: PrivateNetworks) -> Connections:
+        return Connections(PrivateNetworksResolver(exceptions), tls=tls_context(), limit=self._max_connections)
 
     def refuses(self, url: str, exceptions: PrivateNetworks) -> bool:
         """Whether a base or token URL is refused by its host's spelling alone, before any connection (aiohttp
@@ -194,16 +218,14 @@ class Upstreams:
     async def close(self) -> None:
         """Close every pool of the proxy's client, and every session of exceptions (the default session belongs to
         whoever made it)."""
-        pools = [self.connections, *self._pools.values()]
-        self._pools.clear()
+        pools = [self.connections, *self._pools.take_all()]
         for pool in pools:
             await pool.close()
         for closer in list(self._closers):
             closer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await closer
-        sessions = [*self._sessions.values(), *self._retired]
-        self._sessions.clear()
+        sessions = [*self._sessions.take_all(), *self._retired]
         self._retired.clear()
         for session in sessions:
             await session.close()
