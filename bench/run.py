@@ -26,6 +26,7 @@ import math
 import os
 import random
 import re
+import resource
 import shutil
 import signal
 import socket
@@ -91,12 +92,16 @@ wrk.headers["Authorization"] = "Bearer %s"
 
 
 def wrk(url: str, script: Path, connections: int, duration: int) -> dict[str, float]:
+    """wrk's figures, and the CPU time it used itself (`wrk_cpu_s`)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     output = subprocess.run(
         pinned(LOAD_CORE, ["wrk", "-t1", f"-c{connections}", f"-d{duration}s", "--latency", "-s", str(script), url]),
         capture_output=True,
         text=True,
         check=True,
     ).stdout
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    wrk_cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
     if "Non-2xx" in output or "Socket errors" in output:
         raise RuntimeError(f"wrk saw errors:\n{output}")
 
@@ -112,7 +117,13 @@ def wrk(url: str, script: Path, connections: int, duration: int) -> dict[str, fl
     completed = re.search(r"(\d+) requests in", output)
     if completed is None:
         raise RuntimeError(f"no request count in wrk output:\n{output}")
-    return {"rps": float(rps.group(1)), "p50": millis("50%"), "p99": millis("99%"), "requests": int(completed.group(1))}
+    return {
+        "rps": float(rps.group(1)),
+        "p50": millis("50%"),
+        "p99": millis("99%"),
+        "requests": int(completed.group(1)),
+        "wrk_cpu_s": wrk_cpu,
+    }
 
 
 def first_byte_ms(host_port: tuple[str, int], path: str, token: str) -> float:
@@ -269,13 +280,23 @@ def start(system: System, work: Path) -> "subprocess.Popen[bytes]":
     return system.process
 
 
-def loaded(system: System, systems: list[System], script: Path, connections: int, duration: int) -> dict[str, float]:
+def loaded(
+    system: System,
+    systems: list[System],
+    script: Path,
+    connections: int,
+    duration: int,
+    upstream_pid: int | None = None,
+) -> dict[str, float]:
     """wrk's figures for `system` alone under load, with the CPU time a request cost it (`cpu_us`): what a request
-    costs the machine, whatever share of it the system got, steadier than requests/s on a host whose speed varies."""
-    before = system.cpu_seconds()
+    costs the machine, whatever share of it the system got, steadier than requests/s on a host whose speed varies.
+    Given the upstream's process, also what a request cost the load's side, wrk and the upstream (`load_cpu_us`)."""
+    before, upstream_before = system.cpu_seconds(), math.nan if upstream_pid is None else cpu_seconds(upstream_pid)
     with alone(system, systems):
         run = wrk(system.url, script, connections, duration)
     run["cpu_us"] = (system.cpu_seconds() - before) / run["requests"] * 1e6
+    upstream_cpu = math.nan if upstream_pid is None else cpu_seconds(upstream_pid) - upstream_before
+    run["load_cpu_us"] = (run["wrk_cpu_s"] + upstream_cpu) / run["requests"] * 1e6
     return run
 
 
@@ -396,7 +417,7 @@ def main() -> None:
         for _ in range(options.rounds):
             for connections in (64, 1):
                 for system in systems:
-                    run = loaded(system, systems, system.script or script, connections, options.duration)
+                    run = loaded(system, systems, system.script or script, connections, options.duration, upstream.pid)
                     samples.setdefault((system.name, connections), []).append(run)
         first_bytes = first_bytes_ms(
             [system for system in systems if system.name not in (CLIENT_TOKEN, MINTING)], token, 200
@@ -467,6 +488,13 @@ def render(
 
     def cpu(name: str) -> float:
         return rows[name, 64]["cpu_us"]
+
+    def load(name: str) -> float:
+        return rows[name, 64]["load_cpu_us"]
+
+    def ceiling(name: str) -> float:
+        """What two processes can do over one, when the load shares their two cores: 2c / (c + load)."""
+        return 2 * cpu(name) / (cpu(name) + load(name))
 
     def by_round(name: str, over: str) -> str:
         """The ratio of two systems' requests/s at 64 connections in each round, where one ran right after the
@@ -541,6 +569,12 @@ def render(
         f"round {by_round(FLOOR_TWO, FLOOR)}), {cpu(FLOOR_TWO) / cpu(FLOOR):.2f}× its CPU a request",
         f"- {BARE_TWO} / bare proxy at 64 connections: {rps(BARE_TWO) / rps(bare):.2f}× (what a second core gives "
         f"a proxy that does nothing else, beside wrk and the upstream; credgate: {rps(two) / rps(one):.2f}×)",
+        f"- the load's own CPU a request at 64 connections (wrk and the upstream stand-in, which share the two cores "
+        f"with two workers): {load(two):.0f} µs beside credgate 2 workers' {cpu(two):.0f} µs; two cores then serve "
+        f"at most 2 × {cpu(two):.0f} / ({cpu(two):.0f} + {load(two):.0f}) = {ceiling(two):.2f}× what one worker "
+        f"does on a core of its own (measured {rps(two) / rps(one):.2f}×); for the bare proxy's two processes "
+        f"{ceiling(BARE_TWO):.2f}× (measured {rps(BARE_TWO) / rps(bare):.2f}×). The cheaper a request, the lower "
+        "this bound: 1.70× needs the load to cost at most 18% of what the gateway does",
         f"- CPU a request at 64 connections (user and system time of the serving processes over the run, divided by "
         f"the requests): credgate 1 worker {cpu(one):.0f} µs, bare proxy {cpu(bare):.0f} µs "
         f"({cpu(one) / cpu(bare):.2f}×); two workers {cpu(two):.0f} µs ({cpu(two) / cpu(one):.2f}× one worker's), the "
