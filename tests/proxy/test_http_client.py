@@ -181,6 +181,30 @@ async def test_a_streamed_body_reaches_the_upstream_whole(pool: Connections, ser
 # how it reads
 
 
+async def test_a_header_is_found_in_any_case_with_its_first_value_and_the_headers_stay_as_sent(
+    pool: Connections, serve: Serve
+) -> None:
+    answer = (
+        b"HTTP/1.1 103 Early Hints\r\nRetry-After: 9\r\n\r\n"
+        b"HTTP/1.1 429 Too Many Requests\r\nRetry-After: 20\r\nX-Ratelimit: a\r\nx-ratelimit: b\r\n"
+        b"content-length: 0\r\n\r\n"
+    )
+    _upstream, url = await serve(lambda _request: answer)
+    response = await pool.request("GET", url, [])
+    await body_of(response)
+    assert (response.header("retry-after"), response.header("X-RATELIMIT"), response.header("Link")) == (
+        "20",
+        "a",
+        None,
+    )
+    assert response.raw_headers == [
+        (b"Retry-After", b"20"),
+        (b"X-Ratelimit", b"a"),
+        (b"x-ratelimit", b"b"),
+        (b"content-length", b"0"),
+    ]
+
+
 @pytest.mark.parametrize(
     ("answer", "body"),
     [
