@@ -724,13 +724,13 @@ class ProxyApp:
         head_at = time.perf_counter()
         headers = response_headers(response.raw_headers, secrets=query_secrets)
         content_type = response.header("Content-Type") or ""
-        if content_type.startswith("text/event-stream") and response.header("X-Accel-Buffering") is None:
+        streaming = content_type.startswith("text/event-stream")
+        if streaming and response.header("X-Accel-Buffering") is None:
             headers.append((b"x-accel-buffering", b"no"))  # so a front proxy does not hold events back
         record.start_response(response.status, content_type, response.header("Content-Encoding") or "")
         await send({"type": "http.response.start", "status": response.status, "headers": headers})
         if record.overhead_ms is not None:
             record.overhead_ms += (time.perf_counter() - head_at) * 1000
-        streaming = content_type.startswith("text/event-stream")
         if streaming:
             _STREAMS_OPEN.inc()
         try:
