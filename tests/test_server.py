@@ -1,9 +1,11 @@
-"""The HTTP server around the gateway: what a spawned worker runs before it, and how long idle connections live."""
+"""The HTTP server around the gateway: the sockets it listens on, what a spawned worker runs before it, and how
+long idle connections live."""
 
 import inspect
 import multiprocessing
 import os
 import re
+import socket
 import sys
 import types
 from pathlib import Path
@@ -12,9 +14,43 @@ import pytest
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from credgate.config import Settings
-from credgate.server import KEEP_ALIVE_SECONDS, _main_not_rerun_in_workers, server_config
+from credgate.errors import StartupError
+from credgate.server import KEEP_ALIVE_SECONDS, _main_not_rerun_in_workers, bind_listeners, listen, server_config
+from tests.e2e.conftest import free_port
 
 SHIPPED_NGINX_CONF = Path(__file__).parents[1] / "docs" / "deploy" / "nginx.conf"
+LINUX_ONLY = pytest.mark.skipif(sys.platform != "linux", reason="SO_REUSEPORT spreads connections on Linux only")
+
+
+@LINUX_ONLY
+def test_each_worker_listens_on_a_socket_of_its_own_on_the_one_port(tmp_path: Path) -> None:
+    port = free_port()
+    listeners = bind_listeners(Settings(data_dir=tmp_path, host="127.0.0.1", port=port, workers=3))
+    try:
+        assert len(set(listeners.main)) == 3
+        assert {listener.getsockname() for listener in listeners.main} == {("127.0.0.1", port)}
+        assert all(listener.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT) for listener in listeners.main)
+        assert [listeners.of_worker(index) for index in range(3)] == [[listener] for listener in listeners.main]
+    finally:
+        for listener in listeners.all():
+            listener.close()
+
+
+@pytest.mark.parametrize(("running", "starting"), [(2, 2), (1, 2), (2, 1)])
+def test_a_second_gateway_on_a_port_in_use_fails_to_start_whatever_its_workers(
+    tmp_path: Path, running: int, starting: int
+) -> None:
+    """SO_REUSEPORT would let sockets that all set it share the port: the one gateway's workers, and also a
+    second gateway started on it by mistake, which would take connections unnoticed."""
+    port = free_port()
+    first = bind_listeners(Settings(data_dir=tmp_path, host="127.0.0.1", port=port, workers=running))
+    listen(first.all())
+    try:
+        with pytest.raises(StartupError, match=f"cannot listen on 127.0.0.1:{port}: Address already in use"):
+            bind_listeners(Settings(data_dir=tmp_path, host="127.0.0.1", port=port, workers=starting))
+    finally:
+        for listener in first.all():
+            listener.close()
 
 
 def _spawned_exit_code() -> int | None:

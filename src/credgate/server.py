@@ -8,8 +8,9 @@ a client that stops reading holds its response (and, through flow control, the u
 `send_timeout_seconds`, then its connection is closed. What a connection's responses write in one event-loop turn
 leaves in one system call at the turn's end (`_JoinedWrites`).
 
-With `workers` above 1, the parent binds and listens on the socket and uvicorn's supervisor runs that many worker
-processes on it (see `run_workers`): each runs the whole gateway, attached to the database the parent checked and
+With `workers` above 1, the parent binds and listens on a socket for each worker, all on one port (on Linux,
+where SO_REUSEPORT spreads connections among them), and uvicorn's supervisor runs that many worker processes, each
+on its own (see `run_workers`): each runs the whole gateway, attached to the database the parent checked and
 migrated.
 """
 
@@ -29,13 +30,13 @@ import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from http import HTTPStatus
-from typing import Any
+from typing import Any, NamedTuple
 
 import uvicorn
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.config import STARTUP_FAILURE
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-from uvicorn.supervisors.multiprocess import Multiprocess
+from uvicorn.supervisors.multiprocess import Multiprocess, Process
 
 from credgate import metrics
 from credgate.config import Settings
@@ -412,17 +413,51 @@ def _options(settings: Settings) -> dict[str, Any]:
     }
 
 
-def bind_listeners(settings: Settings) -> list[socket.socket]:
-    """The main listening socket, and the admin listener's when one is configured (StartupError if it cannot be)."""
+class Listeners(NamedTuple):
+    """What the gateway listens on: each worker's main listener (`main[i]` is worker i's), and the admin listener
+    when one is configured, which every worker shares (it carries little)."""
+
+    main: list[socket.socket]
+    admin: socket.socket | None
+
+    def of_worker(self, index: int) -> list[socket.socket]:
+        return [self.main[index], *([] if self.admin is None else [self.admin])]
+
+    def all(self) -> list[socket.socket]:
+        """Every socket once (the main one is the same for every worker where the system has no SO_REUSEPORT)."""
+        return list(dict.fromkeys([*self.main, *([] if self.admin is None else [self.admin])]))
+
+
+def bind_listeners(settings: Settings) -> Listeners:
+    """The main listening sockets, one a worker, and the admin listener's when one is configured (StartupError if
+    they cannot be)."""
     admin = settings.admin_listener
     if admin is not None and admin[1] == settings.port:
         raise StartupError(f"the admin listener needs a port of its own: port {settings.port} is the main listener's")
-    return [_bind(settings.host, settings.port), *([] if admin is None else [_bind(*admin)])]
+    if settings.workers > 1 and sys.platform == "linux":
+        main = _bind_each_worker(settings.host, settings.port, settings.workers)
+    else:  # elsewhere SO_REUSEPORT does not spread connections: the workers share one socket
+        main = [_bind(settings.host, settings.port)] * settings.workers
+    return Listeners(main, None if admin is None else _bind(*admin))
 
 
-def _bind(host: str, port: int) -> socket.socket:
+def _bind_each_worker(host: str, port: int, workers: int) -> list[socket.socket]:
+    """A socket for each worker on one port (SO_REUSEPORT), among which the kernel spreads new connections by
+    their addresses. On one shared socket, whichever worker woke first took a burst of connections whole (of 64
+    opened at once, two workers took up to 56/8, once 64/0), and kept them as long as they lasted. A socket
+    without the option is bound first, and closed: it fails where anything listens on the port, a gateway
+    started earlier included, which the option would otherwise let share the port unnoticed."""
+    _bind(host, port).close()
+    first = _bind(host, port, reuse_port=True)
+    port = first.getsockname()[1]  # port 0 (any): the one the first got
+    return [first, *(_bind(host, port, reuse_port=True) for _ in range(workers - 1))]
+
+
+def _bind(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
     listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
         listener.bind((host, port))
     except OSError as error:
@@ -440,12 +475,12 @@ def listen(listeners: list[socket.socket]) -> None:
         listener.listen(BACKLOG)
 
 
-def run_workers(settings: Settings, build: GatewayFactory, listeners: list[socket.socket], *, database_id: str) -> None:
+def run_workers(settings: Settings, build: GatewayFactory, listeners: Listeners, *, database_id: str) -> None:
     """Serve with `settings.workers` processes on `listeners` (from `bind_listeners`), once the caller has opened,
     checked and migrated database `database_id`. A worker that dies is replaced; SIGTERM or SIGINT drains every
     worker and returns. StartupError when a worker could not start (the supervisor then stops them all)."""
     config = WorkerConfig(settings, build, database_id)
-    supervisor = _Supervisor(config, sockets=listeners)
+    supervisor = _Supervisor(config, listeners)
     # The workers' metrics, summed by whichever worker answers /metrics: a folder of this run's own.
     metrics_dir = None
     if metrics.MULTIPROCESS_DIR not in os.environ:
@@ -551,8 +586,21 @@ def _worker_process_config(settings: Settings, build: GatewayFactory, database_i
 
 
 class _Supervisor(Multiprocess):
-    """uvicorn's supervisor, with the listening socket closed when the workers are told to stop, and its wait for
-    them bounded by the drain (it waits for ever)."""
+    """uvicorn's supervisor, with each worker on its own main listener (a replacement on its predecessor's, where
+    the connections that came meanwhile wait), the listeners closed when the workers are told to stop, and its
+    wait for them bounded by the drain (it waits for ever). The number of workers is the one it started with."""
+
+    def __init__(self, config: uvicorn.Config, listeners: Listeners) -> None:
+        super().__init__(config, sockets=listeners.all())
+        self.listeners = listeners
+
+    def _started(self, index: int) -> Process:
+        process = Process(self.config, self.listeners.of_worker(index))
+        process.start()
+        return process
+
+    def init_processes(self) -> None:
+        self.processes = [self._started(index) for index in range(self.processes_num)]
 
     def terminate_all(self) -> None:
         for listener in self.sockets:
@@ -562,11 +610,47 @@ class _Supervisor(Multiprocess):
         super().terminate_all()
 
     def keep_subprocess_alive(self) -> None:
-        before = {worker.pid for worker in self.processes}
-        super().keep_subprocess_alive()
-        for pid in before - {worker.pid for worker in self.processes}:
-            if pid is not None:
-                metrics.forget_process(pid)  # a replaced worker's gauges (requests in flight) no longer count
+        """uvicorn's, each replacement started on the listener of the worker it replaces."""
+        if self.should_exit.is_set():
+            return
+        for index, worker in enumerate(self.processes):
+            if worker.is_alive(timeout=self.config.timeout_worker_healthcheck):
+                continue
+            worker.kill()  # hung, or already gone
+            worker.join()
+            if worker.exitcode == STARTUP_FAILURE:  # the next would fail the same way: stop
+                logger.error("worker %s could not start: stopping", worker.pid)
+                self.should_exit.set()
+                return
+            if self.should_exit.is_set():
+                return
+            logger.info("worker %s died: replaced", worker.pid)
+            if worker.pid is not None:
+                metrics.forget_process(worker.pid)  # its gauges (requests in flight) no longer count
+            self.processes[index] = self._started(index)
+
+    def restart_all(self) -> None:
+        """SIGHUP: uvicorn's, each replacement started on the listener of the worker it replaces, which drains once
+        the replacement is ready."""
+        for index, old in enumerate(self.processes):
+            if self.should_exit.is_set():
+                return
+            new = self._started(index)
+            if not new.wait_until_ready(self.config.timeout_worker_healthcheck, self.should_exit):
+                new.kill()
+                new.join()
+                if not self.should_exit.is_set():
+                    logger.error("worker %s was not ready in time: %s kept, the restart stopped", new.pid, old.pid)
+                return
+            old.terminate()
+            old.join()
+            self.processes[index] = new
+
+    def handle_ttin(self) -> None:
+        logger.warning("SIGTTIN ignored: the number of workers is --workers (CREDGATE_WORKERS)")
+
+    def handle_ttou(self) -> None:
+        logger.warning("SIGTTOU ignored: the number of workers is --workers (CREDGATE_WORKERS)")
 
     def join_all(self) -> None:
         drain = self.config.timeout_graceful_shutdown or 0

@@ -1,4 +1,4 @@
-"""`credgate serve --workers 2`: real processes on one real socket, behaving as one gateway.
+"""`credgate serve --workers 2`: real processes on one real port, behaving as one gateway.
 
 Which worker served a request is read from the gateway's log: every line carries its process id, and the access
 line ends with the request id the response carries in `x-credgate-request-id`.
@@ -9,9 +9,11 @@ import contextlib
 import os
 import re
 import signal
+import socket
 import subprocess
 import threading
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
@@ -131,6 +133,39 @@ async def test_requests_land_on_every_worker_and_never_on_the_parent(served: Ser
     assert all(response.status_code == 200 for answers in by_worker.values() for response in answers)
 
 
+async def test_each_worker_accepts_from_a_listening_socket_of_its_own(served: Served) -> None:
+    workers = await served.wait_for_workers(WORKERS)
+    port = int(served.gateway.url.rsplit(":", 1)[1])
+
+    sockets = {worker: listening_sockets(worker, port) for worker in workers}
+
+    assert [len(each) for each in sockets.values()] == [1] * WORKERS, sockets
+    assert len(set().union(*sockets.values())) == WORKERS, sockets
+    assert listening_sockets(served.process.pid, port) == set().union(*sockets.values())  # the parent keeps them
+
+
+async def test_connections_opened_at_once_are_spread_over_the_workers(served: Served) -> None:
+    """Each worker listens on a socket of its own, and the kernel spreads connections among them by their
+    addresses. On one shared socket, whichever worker woke first took a burst whole: of 64, up to 56, once all."""
+    workers = await served.wait_for_workers(WORKERS)
+    host, port = served.gateway.url.removeprefix("http://").split(":")
+    # As wrk and a front proxy's pool open them: all connected before the first request (a connection completes
+    # in the kernel, before any worker accepts it).
+    burst = [socket.create_connection((host, int(port)), timeout=10) for _ in range(64)]
+    try:
+        for connection in burst:
+            connection.sendall(b"GET /healthz HTTP/1.1\r\nhost: credgate\r\nconnection: close\r\n\r\n")
+        answers = [await asyncio.to_thread(read_response, connection) for connection in burst]
+    finally:
+        for connection in burst:
+            connection.close()
+
+    by_worker = Counter([await served.served_by(answer) for answer in answers])
+    assert by_worker.keys() == workers
+    # Either worker has 16 or more of 64 but once in some 16,000 runs of an even spread.
+    assert min(by_worker.values()) >= 16, by_worker
+
+
 async def test_a_token_revoked_through_one_worker_is_refused_by_every_worker_within_the_poll(
     served: Served, upstream: Upstream
 ) -> None:
@@ -205,6 +240,33 @@ def test_a_request_sent_the_moment_the_gateway_says_it_serves_is_answered_not_re
 SSE = "/proxy/stand-in/sse?delay=0.1&n=10"
 
 
+def listening_sockets(pid: int, port: int) -> set[int]:
+    """The inodes of the sockets listening on `port` that process `pid` holds."""
+    listening = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for row in Path(table).read_text().splitlines()[1:]:
+            fields = row.split()
+            if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
+                listening.add(int(fields[9]))
+    held = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):  # closed since the folder was read
+            if (target := os.readlink(fd)).startswith("socket:["):
+                held.add(int(target[len("socket:[") : -1]))
+    return listening & held
+
+
+def read_response(connection: socket.socket) -> httpx.Response:
+    """The answer to the one request sent on `connection` with `connection: close`: read to the end."""
+    received = b""
+    while chunk := connection.recv(65536):
+        received += chunk
+    head, _, body = received.partition(b"\r\n\r\n")
+    status_line, *fields = head.decode("latin-1").split("\r\n")
+    headers = [(name, value) for name, _, value in (field.partition(": ") for field in fields)]
+    return httpx.Response(int(status_line.split()[1]), headers=headers, content=body)
+
+
 async def rest_of(lines: AsyncIterator[str]) -> list[str]:
     return [line async for line in lines]
 
@@ -232,19 +294,24 @@ async def test_a_killed_worker_is_replaced_and_sigterm_then_drains_every_worker_
     try:
         workers = await running.wait_for_workers(WORKERS)
         killed, survivor = sorted(workers)
+        port = int(running.gateway.url.rsplit(":", 1)[1])
+        killed_socket = listening_sockets(killed, port)
         os.kill(killed, signal.SIGKILL)
-        async with httpx.AsyncClient(timeout=5) as client:
-            while not running.ready_workers() - workers:  # meanwhile the survivor answers
+        # Meanwhile the survivor answers, and a connection that comes to the killed one's socket waits there for
+        # the replacement: answered late, not refused.
+        async with httpx.AsyncClient(timeout=STARTUP_SECONDS) as client:
+            while not running.ready_workers() - workers:
                 answer = await client.get(f"{running.gateway.url}/healthz", headers={"connection": "close"})
                 assert answer.status_code == 200
                 await asyncio.sleep(0.1)
         (replacement,) = await running.wait_for_workers(1, besides=workers)
+        assert listening_sockets(replacement, port) == killed_socket
 
         def health(client: httpx.AsyncClient) -> Awaitable[httpx.Response]:
             return client.get(f"{running.gateway.url}/healthz")
 
         assert (await running.on_every_worker(health, {survivor, replacement})).keys() == {survivor, replacement}
-        assert f"Child process [{killed}] died" in running.log
+        assert f"worker {killed} died: replaced" in running.log
 
         # SIGTERM with streams in flight: nothing new is accepted, every stream finishes whole, the parent exits 0.
         project, _ = await add_project(tmp_path / "data", upstream)

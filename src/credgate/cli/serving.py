@@ -27,7 +27,7 @@ from credgate.storage import Database, StorageUnavailable
 @click.option(
     "--workers",
     type=click.IntRange(1, MAX_WORKERS),
-    help=f"Processes sharing the listening socket, 1 to {MAX_WORKERS}: about one per core "
+    help=f"Worker processes, 1 to {MAX_WORKERS}, each on a listening socket of its own: about one per core "
     "[CREDGATE_WORKERS, default 1].",
 )
 @pass_settings
@@ -68,11 +68,12 @@ def serve(settings: Settings, host: str | None, port: int | None, workers: int |
         listeners = bind_listeners(settings)  # a port in use fails the start before anything else
         try:
             if settings.workers == 1:
-                _run_loop(run_server(listeners))
+                _run_loop(run_server(listeners.all()))
             else:
-                run_workers(settings, create_app, listeners, database_id=asyncio.run(prepare_workers(listeners)))
+                database_id = asyncio.run(prepare_workers(listeners.all()))
+                run_workers(settings, create_app, listeners, database_id=database_id)
         finally:
-            for listener in listeners:
+            for listener in listeners.all():
                 listener.close()
     except StartupError as error:
         fail(str(error), 5)
