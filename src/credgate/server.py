@@ -644,6 +644,8 @@ class _Supervisor(Multiprocess):
                 return
             old.terminate()
             old.join()
+            if old.pid is not None:
+                metrics.forget_process(old.pid)
             self.processes[index] = new
 
     def handle_ttin(self) -> None:

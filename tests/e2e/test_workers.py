@@ -345,6 +345,32 @@ async def test_a_killed_worker_is_replaced_and_sigterm_then_drains_every_worker_
             os.kill(pid, 0)
 
 
+async def test_sighup_replaces_every_worker_on_its_socket_and_every_request_meanwhile_is_answered(
+    tmp_path: Path,
+) -> None:
+    running = serve(tmp_path)
+    try:
+        workers = await running.wait_for_workers(WORKERS)
+        port = int(running.gateway.url.rsplit(":", 1)[1])
+        sockets = {frozenset(listening_sockets(worker, port)) for worker in workers}
+        running.process.send_signal(signal.SIGHUP)
+        answered = 0
+        deadline = time.monotonic() + 2 * STARTUP_SECONDS
+        async with httpx.AsyncClient(timeout=STARTUP_SECONDS) as client:
+            while not workers <= {int(pid) for pid in FINISHED.findall(running.log)}:  # the old ones, drained
+                assert time.monotonic() < deadline, running.log
+                answer = await client.get(f"{running.gateway.url}/healthz", headers={"connection": "close"})
+                assert answer.status_code == 200
+                answered += 1
+                await asyncio.sleep(0.05)
+        replacements = await running.wait_for_workers(WORKERS, besides=workers)
+        replaced_sockets = {frozenset(listening_sockets(worker, port)) for worker in replacements}
+    finally:
+        stop(running)
+    assert answered > 0
+    assert replaced_sockets == sockets
+
+
 async def test_metrics_answered_by_any_worker_count_the_requests_of_every_worker(
     served: Served, upstream: Upstream
 ) -> None:
