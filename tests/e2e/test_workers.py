@@ -48,6 +48,10 @@ class Served:
         self.gateway = gateway
 
     @property
+    def port(self) -> int:
+        return int(self.gateway.url.rsplit(":", 1)[1])
+
+    @property
     def log(self) -> str:
         return self.gateway.log.read_text(errors="replace")
 
@@ -135,23 +139,20 @@ async def test_requests_land_on_every_worker_and_never_on_the_parent(served: Ser
 
 async def test_each_worker_accepts_from_a_listening_socket_of_its_own(served: Served) -> None:
     workers = await served.wait_for_workers(WORKERS)
-    port = int(served.gateway.url.rsplit(":", 1)[1])
-
-    sockets = {worker: listening_sockets(worker, port) for worker in workers}
+    sockets = {worker: listening_sockets(worker, served.port) for worker in workers}
 
     assert [len(each) for each in sockets.values()] == [1] * WORKERS, sockets
     assert len(set().union(*sockets.values())) == WORKERS, sockets
-    assert listening_sockets(served.process.pid, port) == set().union(*sockets.values())  # the parent keeps them
+    assert listening_sockets(served.process.pid, served.port) == set().union(*sockets.values())  # the parent keeps them
 
 
 async def test_connections_opened_at_once_are_spread_over_the_workers(served: Served) -> None:
     """Each worker listens on a socket of its own, and the kernel spreads connections among them by their
     addresses. On one shared socket, whichever worker woke first took a burst whole: of 64, up to 56, once all."""
     workers = await served.wait_for_workers(WORKERS)
-    host, port = served.gateway.url.removeprefix("http://").split(":")
     # As wrk and a front proxy's pool open them: all connected before the first request (a connection completes
     # in the kernel, before any worker accepts it).
-    burst = [socket.create_connection((host, int(port)), timeout=10) for _ in range(64)]
+    burst = [socket.create_connection(("127.0.0.1", served.port), timeout=10) for _ in range(64)]
     try:
         for connection in burst:
             connection.sendall(b"GET /healthz HTTP/1.1\r\nhost: credgate\r\nconnection: close\r\n\r\n")
@@ -256,6 +257,20 @@ def listening_sockets(pid: int, port: int) -> set[int]:
     return listening & held
 
 
+async def answered_until(running: Served, done: Callable[[], bool]) -> int:
+    """Requests on new connections, one every 0.05 s, each answered 200, until `done`; how many were sent."""
+    answered = 0
+    deadline = time.monotonic() + 2 * STARTUP_SECONDS
+    async with httpx.AsyncClient(timeout=STARTUP_SECONDS) as client:
+        while not done():
+            assert time.monotonic() < deadline, running.log
+            answer = await client.get(f"{running.gateway.url}/healthz", headers={"connection": "close"})
+            assert answer.status_code == 200
+            answered += 1
+            await asyncio.sleep(0.05)
+    return answered
+
+
 def read_response(connection: socket.socket) -> httpx.Response:
     """The answer to the one request sent on `connection` with `connection: close`: read to the end."""
     received = b""
@@ -294,18 +309,13 @@ async def test_a_killed_worker_is_replaced_and_sigterm_then_drains_every_worker_
     try:
         workers = await running.wait_for_workers(WORKERS)
         killed, survivor = sorted(workers)
-        port = int(running.gateway.url.rsplit(":", 1)[1])
-        killed_socket = listening_sockets(killed, port)
+        killed_socket = listening_sockets(killed, running.port)
         os.kill(killed, signal.SIGKILL)
         # Meanwhile the survivor answers, and a connection that comes to the killed one's socket waits there for
         # the replacement: answered late, not refused.
-        async with httpx.AsyncClient(timeout=STARTUP_SECONDS) as client:
-            while not running.ready_workers() - workers:
-                answer = await client.get(f"{running.gateway.url}/healthz", headers={"connection": "close"})
-                assert answer.status_code == 200
-                await asyncio.sleep(0.1)
+        await answered_until(running, lambda: bool(running.ready_workers() - workers))
         (replacement,) = await running.wait_for_workers(1, besides=workers)
-        assert listening_sockets(replacement, port) == killed_socket
+        assert listening_sockets(replacement, running.port) == killed_socket
 
         def health(client: httpx.AsyncClient) -> Awaitable[httpx.Response]:
             return client.get(f"{running.gateway.url}/healthz")
@@ -351,20 +361,15 @@ async def test_sighup_replaces_every_worker_on_its_socket_and_every_request_mean
     running = serve(tmp_path)
     try:
         workers = await running.wait_for_workers(WORKERS)
-        port = int(running.gateway.url.rsplit(":", 1)[1])
-        sockets = {frozenset(listening_sockets(worker, port)) for worker in workers}
+        sockets = {frozenset(listening_sockets(worker, running.port)) for worker in workers}
         running.process.send_signal(signal.SIGHUP)
-        answered = 0
-        deadline = time.monotonic() + 2 * STARTUP_SECONDS
-        async with httpx.AsyncClient(timeout=STARTUP_SECONDS) as client:
-            while not workers <= {int(pid) for pid in FINISHED.findall(running.log)}:  # the old ones, drained
-                assert time.monotonic() < deadline, running.log
-                answer = await client.get(f"{running.gateway.url}/healthz", headers={"connection": "close"})
-                assert answer.status_code == 200
-                answered += 1
-                await asyncio.sleep(0.05)
+
+        def drained() -> bool:  # the old workers, every one
+            return workers <= {int(pid) for pid in FINISHED.findall(running.log)}
+
+        answered = await answered_until(running, drained)
         replacements = await running.wait_for_workers(WORKERS, besides=workers)
-        replaced_sockets = {frozenset(listening_sockets(worker, port)) for worker in replacements}
+        replaced_sockets = {frozenset(listening_sockets(worker, running.port)) for worker in replacements}
     finally:
         stop(running)
     assert answered > 0
