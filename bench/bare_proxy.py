@@ -5,8 +5,8 @@
 uvicorn with uvloop and httptools, a raw ASGI app, one aiohttp session: the project token is looked up in a dict,
 `Authorization` is swapped for the provider key, the request body is streamed up and the response streamed back.
 No limits, no log, no usage record, no request id: everything credgate adds is measured against this. With
-WORKERS, that many processes share the listener through uvicorn's supervisor, as `credgate serve --workers` does:
-what a second core gives a proxy that does nothing else.
+WORKERS, that many processes share one listening socket through uvicorn's supervisor (credgate's workers have a
+socket each, see README, Several workers): what a second core gives a proxy that does nothing else.
 """
 
 import os

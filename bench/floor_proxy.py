@@ -9,8 +9,8 @@ a SQLite request log (WAL, the same columns and indexes as credgate's), its usag
 the rows of each 0.1 s written in one `executemany` from a thread; an access line and the Prometheus counts
 (requests by project, provider and status; durations by provider), each turn's lines written at once and its counts
 made at its end. No error handling, no limits, no budgets, no configuration: the floor under credgate's
-features, not a gateway. With WORKERS, that many processes share the listener and the database, as
-`credgate serve --workers` does.
+features, not a gateway. With WORKERS, that many processes share the listener (one socket, as bench/bare_proxy.py's
+do) and the database, as `credgate serve --workers` shares the database.
 """
 
 import asyncio

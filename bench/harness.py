@@ -40,6 +40,25 @@ def pin_this_process(core: str) -> None:
         os.sched_setaffinity(0, {int(core)})
 
 
+# A fixed piece of pure Python work: the time it takes tells how fast a core of this host runs at the moment.
+_SPEED_PROBE = """import time
+started = time.perf_counter()
+total = 0
+for number in range(2_000_000):
+    total += number * number % 7
+print(time.perf_counter() - started)"""
+
+
+def probe_ms(cores: list[str]) -> list[float]:
+    """The time in ms a fixed Python loop takes on each of `cores`, run on all of them at once: how fast the host's
+    cores run at the moment, alone or busy together (a virtual machine's cores may share a physical one)."""
+    probes = [
+        subprocess.Popen(pinned(core, [sys.executable, "-c", _SPEED_PROBE]), stdout=subprocess.PIPE, text=True)
+        for core in cores
+    ]
+    return [float(probe.communicate()[0]) * 1000 for probe in probes]
+
+
 def start_upstream(port: int) -> "subprocess.Popen[bytes]":
     """The stand-in upstream (bench/upstream.py) on `port`, pinned to the load's core."""
     command = pinned(LOAD_CORE, [sys.executable, str(HERE / "upstream.py"), str(port)])

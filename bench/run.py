@@ -15,7 +15,8 @@ cores, which they share with them. While one system has the load, the one-proces
 stopped (`alone`), and each gateway has a copy of the data dir of its own.
 Each runs at 64 connections and at 1. Prints ratios (credgate to bare, two workers to one), the latency added at one
 connection, the SSE time to first byte added, the peak RSS of every worker, and the CPU time a request costs each system
-(its serving processes' user and system time over a run, divided by its requests: steadier than requests/s here). --soak
+(its serving processes' user and system time over a run, divided by its requests: steadier than requests/s here), and
+how fast the host itself ran at the start of each round (a fixed Python loop timed on each core). --soak
 runs load for that many seconds and samples the RSS; --write stores the table in bench/RESULTS.md.
 """
 
@@ -57,6 +58,7 @@ from harness import (
     own_data_dir,
     peak_rss_mb,
     pinned,
+    probe_ms,
     rss_mb,
     start_upstream,
     store_section,
@@ -162,6 +164,27 @@ class FirstBytes(NamedTuple):
     cold: dict[str, float]
     after_one: dict[str, float]
     warm: dict[str, float]
+
+
+class HostSpeed(NamedTuple):
+    """A fixed Python loop's time in ms (harness.probe_ms) on the gateway's core and the load's, each alone, then
+    on both at once."""
+
+    alone: tuple[float, float]
+    together: tuple[float, float]
+
+
+def host_speed(systems: list["System"], times: int = 3) -> HostSpeed:
+    """How fast the host runs now: the medians of `times` probes of each kind, taken in turn (the host's speed
+    drifts within seconds), every idle one-process system stopped meanwhile (`alone` with the upstream: its cores
+    are all of them)."""
+    direct = next(system for system in systems if system.command is None)
+    probes = []
+    with alone(direct, systems):
+        for _ in range(times):
+            probes.append([*probe_ms([GATEWAY_CORE]), *probe_ms([LOAD_CORE]), *probe_ms([GATEWAY_CORE, LOAD_CORE])])
+    gateway, load, gateway_together, load_together = (statistics.median(kind) for kind in zip(*probes, strict=True))
+    return HostSpeed((gateway, load), (gateway_together, load_together))
 
 
 def first_bytes_ms(systems: list["System"], token: str, samples: int) -> FirstBytes:
@@ -414,7 +437,10 @@ def main() -> None:
             with alone(system, systems):
                 wrk(system.url, system.script or script, 64, 2)  # warm up: connections, caches
         samples: dict[tuple[str, int], list[dict[str, float]]] = {}
+        speeds = []
         for _ in range(options.rounds):
+            if CORES >= 2:
+                speeds.append(host_speed(systems))
             for connections in (64, 1):
                 for system in systems:
                     run = loaded(system, systems, system.script or script, connections, options.duration, upstream.pid)
@@ -431,7 +457,7 @@ def main() -> None:
                 for _ in range(max(1, options.soak // 10)):
                     wrk(one.url, script, 64, 10)
                     soak.append(rss_mb(one.worker_pids()[0]))
-        report = render(samples, first_bytes, peaks, soak, options)
+        report = render(samples, first_bytes, peaks, soak, speeds, options)
         print(report)
         if options.write:
             store_section(report)
@@ -476,6 +502,7 @@ def render(
     first_bytes: FirstBytes,
     peaks: dict[str, list[float]],
     soak: list[float],
+    speeds: list[HostSpeed],
     options: argparse.Namespace,
 ) -> str:
     rows = {key: median_run(runs) for key, runs in rounds.items()}
@@ -492,9 +519,10 @@ def render(
     def load(name: str) -> float:
         return rows[name, 64]["load_cpu_us"]
 
-    def ceiling(name: str) -> float:
-        """What two processes can do over one, when the load shares their two cores: 2c / (c + load)."""
-        return 2 * cpu(name) / (cpu(name) + load(name))
+    def ceiling(two: str, one: str) -> float:
+        """What two processes can do over one, when the load shares their two cores and the one had a core to
+        itself: 2 c1 / (c2 + load), c1 and c2 the CPU a request of one process and of two."""
+        return 2 * cpu(one) / (cpu(two) + load(two))
 
     def by_round(name: str, over: str) -> str:
         """The ratio of two systems' requests/s at 64 connections in each round, where one ran right after the
@@ -570,11 +598,12 @@ def render(
         f"- {BARE_TWO} / bare proxy at 64 connections: {rps(BARE_TWO) / rps(bare):.2f}× (what a second core gives "
         f"a proxy that does nothing else, beside wrk and the upstream; credgate: {rps(two) / rps(one):.2f}×)",
         f"- the load's own CPU a request at 64 connections (wrk and the upstream stand-in, which share the two cores "
-        f"with two workers): {load(two):.0f} µs beside credgate 2 workers' {cpu(two):.0f} µs; two cores then serve "
-        f"at most 2 × {cpu(two):.0f} / ({cpu(two):.0f} + {load(two):.0f}) = {ceiling(two):.2f}× what one worker "
-        f"does on a core of its own (measured {rps(two) / rps(one):.2f}×); for the bare proxy's two processes "
-        f"{ceiling(BARE_TWO):.2f}× (measured {rps(BARE_TWO) / rps(bare):.2f}×). The cheaper a request, the lower "
-        "this bound: 1.70× needs the load to cost at most 18% of what the gateway does",
+        f"with two workers): {load(two):.0f} µs. Two cores then serve at most 2 c1 / (c2 + load) times what one "
+        f"worker does on a core of its own, c1 and c2 being the CPU a request of one worker and of two: 2 × "
+        f"{cpu(one):.0f} / ({cpu(two):.0f} + {load(two):.0f}) = {ceiling(two, one):.2f}× (measured "
+        f"{rps(two) / rps(one):.2f}×); for the bare proxy's two processes {ceiling(BARE_TWO, bare):.2f}× (measured "
+        f"{rps(BARE_TWO) / rps(bare):.2f}×). Even with c2 = c1, 1.70× needs the load to cost at most 18% of what "
+        f"the gateway does (here {load(two) / cpu(one):.0%}: at most {2 * cpu(one) / (cpu(one) + load(two)):.2f}×)",
         f"- CPU a request at 64 connections (user and system time of the serving processes over the run, divided by "
         f"the requests): credgate 1 worker {cpu(one):.0f} µs, bare proxy {cpu(bare):.0f} µs "
         f"({cpu(one) / cpu(bare):.2f}×); two workers {cpu(two):.0f} µs ({cpu(two) / cpu(one):.2f}× one worker's), the "
@@ -588,6 +617,16 @@ def render(
         + "; ".join(f"{name}: {', '.join(f'{value:.0f}' for value in values)}" for name, values in peaks.items())
         + f" ({CLIENT_TOKEN}: that gateway also minted client tokens at 64 connections, through the admin API)",
     ]
+    if speeds:
+        lines.append(
+            "- the host's speed at the start of each round, a fixed Python loop's time in ms (the median of three) on "
+            f"core {GATEWAY_CORE} alone, core {LOAD_CORE} alone, and on both at once: "
+            + "; ".join(
+                f"{speed.alone[0]:.0f}, {speed.alone[1]:.0f}, {speed.together[0]:.0f} and {speed.together[1]:.0f}"
+                for speed in speeds
+            )
+            + " (the same code each time: how the host's own speed moved over the run)"
+        )
     log_cost = 1 - rps(one) / rps(QUIET)
     observing_cost = 1 - rps(one) / rps(UNOBSERVED)
     trace_cost = 1 - rps(TRACED) / rps(one)
