@@ -497,6 +497,21 @@ def median_run(runs: list[dict[str, float]]) -> dict[str, float]:
     return sorted(runs, key=lambda run: run["rps"])[len(runs) // 2]
 
 
+def host_drift(speeds: list[HostSpeed], bound: float = 1.2) -> list[str]:
+    """A warning, when the host's own speed moved by more than `bound` over the run (the speed probe's slowest
+    time on the gateway's core over its fastest): the targets above compare systems measured at different
+    moments."""
+    times = [speed.alone[0] for speed in speeds]
+    if not times or max(times) / min(times) <= bound:
+        return []
+    return [
+        f"- **the host's own speed moved {max(times) / min(times):.2f}× over this run** (a fixed loop took from "
+        f"{min(times):.0f} to {max(times):.0f} ms on core {GATEWAY_CORE}, see below): two systems measured at "
+        "different moments may differ by that much for no reason of their own, and a target above may read met or "
+        "not for the host's sake; the ratios round by round show which rounds it moved"
+    ]
+
+
 def render(
     rounds: dict[tuple[str, int], list[dict[str, float]]],
     first_bytes: FirstBytes,
@@ -583,6 +598,7 @@ def render(
         ],
         f"| peak RSS per worker | {peak:.1f} MB | ≤ 100 MB | {'yes' if peak <= 100 else 'no'} |",
         "",
+        *host_drift(speeds),
         f"- bare proxy: {rps(bare) / rps('direct'):.0%} of direct at 64 connections; added latency at 1 connection "
         f"{p50(bare) - p50('direct'):.2f} ms; SSE first byte added {added_sse(bare, warm):.2f} ms warm, "
         f"{added_sse(bare, after_one):.2f} ms after one request, {added_sse(bare, cold):.2f} ms cold",
