@@ -534,10 +534,10 @@ def render(
     def load(name: str) -> float:
         return rows[name, 64]["load_cpu_us"]
 
-    def ceiling(two: str, one: str) -> float:
+    def ceiling(one_cpu: float, two_cpu: float, load_cpu: float) -> float:
         """What two processes can do over one, when the load shares their two cores and the one had a core to
         itself: 2 c1 / (c2 + load), c1 and c2 the CPU a request of one process and of two."""
-        return 2 * cpu(one) / (cpu(two) + load(two))
+        return 2 * one_cpu / (two_cpu + load_cpu)
 
     def by_round(name: str, over: str) -> str:
         """The ratio of two systems' requests/s at 64 connections in each round, where one ran right after the
@@ -616,10 +616,12 @@ def render(
         f"- the load's own CPU a request at 64 connections (wrk and the upstream stand-in, which share the two cores "
         f"with two workers): {load(two):.0f} µs. Two cores then serve at most 2 c1 / (c2 + load) times what one "
         f"worker does on a core of its own, c1 and c2 being the CPU a request of one worker and of two: 2 × "
-        f"{cpu(one):.0f} / ({cpu(two):.0f} + {load(two):.0f}) = {ceiling(two, one):.2f}× (measured "
-        f"{rps(two) / rps(one):.2f}×); for the bare proxy's two processes {ceiling(BARE_TWO, bare):.2f}× (measured "
-        f"{rps(BARE_TWO) / rps(bare):.2f}×). Even with c2 = c1, 1.70× needs the load to cost at most 18% of what "
-        f"the gateway does (here {load(two) / cpu(one):.0%}: at most {2 * cpu(one) / (cpu(one) + load(two)):.2f}×)",
+        f"{cpu(one):.0f} / ({cpu(two):.0f} + {load(two):.0f}) = {ceiling(cpu(one), cpu(two), load(two)):.2f}× "
+        f"(measured {rps(two) / rps(one):.2f}×); for the bare proxy's two processes "
+        f"{ceiling(cpu(bare), cpu(BARE_TWO), load(BARE_TWO)):.2f}× (measured "
+        f"{rps(BARE_TWO) / rps(bare):.2f}×). Even with c2 = c1, 1.70× needs the load to cost at most "
+        f"{2 / 1.7 - 1:.0%} of what the gateway does (here {load(two) / cpu(one):.0%}: at most "
+        f"{ceiling(cpu(one), cpu(one), load(two)):.2f}×)",
         f"- CPU a request at 64 connections (user and system time of the serving processes over the run, divided by "
         f"the requests): credgate 1 worker {cpu(one):.0f} µs, bare proxy {cpu(bare):.0f} µs "
         f"({cpu(one) / cpu(bare):.2f}×); two workers {cpu(two):.0f} µs ({cpu(two) / cpu(one):.2f}× one worker's), the "
