@@ -293,6 +293,8 @@ async def test_a_second_key_takes_over_when_the_provider_refuses_the_first_then_
         # Shown once by design (not a stored secret for the sweep); no later page shows it.
         assert secret.startswith("whsec_")
         await page.get_by_role("button", name="Send test").click()
+        # The form's answer must be in before the reload below, or the reload races that navigation.
+        await expect(page.get_by_role("status")).to_contain_text("Test event queued")
         await receiver.wait_for(1)
         headers, body = receiver.received[0]
         stamp, digest = (part.split("=", 1)[1] for part in headers["Credgate-Signature"].split(","))
