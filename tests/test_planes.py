@@ -1,5 +1,5 @@
-"""The Gateway's own answers (health checks, WebSockets) and what a worker loads: the admin API and FastAPI only at
-the first request for them, never for the proxy and the health checks."""
+"""The Gateway's own answers (health checks, /metrics, WebSockets) and what a worker loads: the admin API and FastAPI
+only at the first request for them, never for the proxy, the health checks and the metrics."""
 
 import json
 import subprocess
@@ -38,6 +38,18 @@ async def test_health_checks_answer_get_and_head_and_refuse_other_methods_in_the
     assert refused.headers["x-credgate-error"] == "true"
     assert refused.headers["allow"] == "GET, HEAD"
     assert refused.headers["x-credgate-request-id"]
+
+
+async def test_metrics_answer_get_only_and_only_with_an_admin_token(anonymous: httpx.AsyncClient) -> None:
+    refused = await anonymous.get("/metrics")
+    assert refused.status_code == 401
+    assert refused.json() == {"error": {"status": 401, "message": "invalid admin token"}}
+    assert refused.headers["www-authenticate"] == "Bearer"
+    wrong = await anonymous.get("/metrics", headers={"authorization": "Bearer cga_not-a-token"})
+    assert wrong.status_code == 401
+    posted = await anonymous.post("/metrics")
+    assert (posted.status_code, posted.headers["allow"]) == (405, "GET")
+    assert posted.json() == {"error": {"status": 405, "message": "method not allowed"}}
 
 
 async def test_a_websocket_is_refused(settings: Settings, ctx: Context) -> None:
@@ -101,6 +113,7 @@ import asyncio, json, sys
 import httpx
 from credgate.app import create_app
 from credgate.config import Settings
+from credgate.services import admins
 
 async def main() -> None:
     app = create_app(Settings(data_dir=sys.argv[1], database_url="sqlite+aiosqlite:///" + sys.argv[1] + "/db"))
@@ -110,6 +123,9 @@ async def main() -> None:
         async with httpx.AsyncClient(transport=transport, base_url="http://credgate.test") as client:
             statuses = [(await client.get("/healthz")).status_code, (await client.get("/readyz")).status_code]
             statuses.append((await client.post("/proxy/openai/chat/completions", json={})).status_code)
+            token = await admins.create_admin_token(app.runtime.context, name="scraper", actor="t")
+            scraped = await client.get("/metrics", headers={"authorization": f"Bearer {token}"})
+            statuses.append(scraped.status_code)
             loaded["proxy"] = sorted({"fastapi", "credgate.admin_api.routes"} & set(sys.modules))
             statuses.append((await client.get("/api/v1/projects")).status_code)
             loaded["admin"] = sorted({"fastapi", "credgate.admin_api.routes"} & set(sys.modules))
@@ -119,11 +135,14 @@ asyncio.run(main())
 """
 
 
-def test_a_worker_serving_only_the_proxy_and_health_never_loads_fastapi_nor_the_admin_api(tmp_path: Path) -> None:
+def test_a_worker_serving_only_the_proxy_health_and_metrics_never_loads_fastapi_nor_the_admin_api(
+    tmp_path: Path,
+) -> None:
+    """Prometheus scrapes every worker: /metrics is served without the control app (about 10 MB a worker)."""
     result = subprocess.run(
         [sys.executable, "-c", _WORKER, str(tmp_path)], capture_output=True, text=True, timeout=60, check=False
     )
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout.splitlines()[-1])
-    assert report["statuses"] == [200, 200, 401, 401]  # the last: the admin API, asked without a token
+    assert report["statuses"] == [200, 200, 401, 200, 401]  # the last: the admin API, asked without a token
     assert report["loaded"] == {"proxy": [], "admin": ["credgate.admin_api.routes", "fastapi"]}

@@ -1,10 +1,10 @@
 """create_app(): the one place where the gateway is assembled: control app, proxy, lifespan, errors.
 
 `/proxy/…` goes to the data plane without passing through the control app's routing and middleware; the health
-checks and the lifespan are the Gateway's own; everything else (admin API, panel) goes to the FastAPI control
-app, built at its first request: a worker that serves only the proxy never loads FastAPI, the admin API or the
-panel. With an admin listener configured, the main listener serves only the proxy and health, and the admin
-listener everything but the proxy.
+checks, /metrics and the lifespan are the Gateway's own; everything else (admin API, panel) goes to the FastAPI
+control app, built at its first request: a worker that serves only the proxy and the metrics never loads FastAPI,
+the admin API or the panel. With an admin listener configured, the main listener serves only the proxy and health,
+and the admin listener everything but the proxy.
 """
 
 import asyncio
@@ -17,12 +17,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import aiohttp
+from starlette.datastructures import Headers
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Router
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
-from credgate import __version__
+from credgate import __version__, metrics
 from credgate.config import Settings
 from credgate.error_responses import error_response, service_error_response
 from credgate.errors import ServiceError, internal_error
@@ -32,6 +33,7 @@ from credgate.proxy import ProxyApp
 from credgate.proxy.minting import PATH as MINTING_PATH
 from credgate.proxy.minting import MintedToken, MintRequest
 from credgate.runtime import Runtime
+from credgate.services import admins
 from credgate.services.bootstrap import open_context
 from credgate.services.context import Context
 from credgate.services.usage import ProxiedRequest
@@ -44,13 +46,15 @@ REQUEST_ID_HEADER = b"x-request-id"
 CREDGATE_REQUEST_ID_HEADER = b"x-credgate-request-id"
 _READY_TIMEOUT_SECONDS = 2.0
 _HEALTH_PATHS = frozenset({b"/healthz", b"/readyz"})
+METRICS_PATH = b"/metrics"  # outside /api/v1, where Prometheus looks for it
 _NOT_FOUND = error_response(404, "not found")
 App = TypeVar("App", bound=ASGIApp)
 
 
 class Gateway:
     """The ASGI entry point: gives every HTTP request an id, logs it, and routes it to its plane. It runs the
-    lifespan and answers the health checks itself; the control app is built at the first request for it."""
+    lifespan and answers the health checks and /metrics itself; the control app is built at the first request for
+    it."""
 
     def __init__(self, runtime: Runtime, build_control: Callable[[], "FastAPI"]) -> None:
         self.runtime = runtime
@@ -68,7 +72,7 @@ class Gateway:
 
     @property
     def control(self) -> "FastAPI":
-        """The control app (admin API, /metrics, panel), built now if no request has needed it yet."""
+        """The control app (admin API, panel), built now if no request has needed it yet."""
         return self._control.app
 
     @property
@@ -133,10 +137,11 @@ class Gateway:
         if raw_path in _HEALTH_PATHS:
             return self._health  # on every listener
         proxied = raw_path.startswith(b"/proxy/")
+        control = self._metrics if raw_path == METRICS_PATH else self._control_plane
         if self._admin_port is None:
-            return proxy if proxied and proxy is not None else self._control_plane
+            return proxy if proxied and proxy is not None else control
         if self._on_admin_listener(scope):
-            return _NOT_FOUND if proxied else self._control_plane
+            return _NOT_FOUND if proxied else control
         if proxied:
             return proxy if proxy is not None else self._control_plane
         return _NOT_FOUND
@@ -150,6 +155,24 @@ class Gateway:
         else:
             response = await self._readiness()
         await response(scope, receive, send)
+
+    async def _metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """/metrics, served without the control app: Prometheus scrapes every worker, and FastAPI with the admin
+        API would cost each about 10 MB. Open on the admin listener, where Prometheus expects it; on the one
+        listener, behind an admin token that may read every project, as the admin API would check it."""
+        if scope["method"] != "GET":
+            await error_response(405, "method not allowed", {"Allow": "GET"})(scope, receive, send)
+            return
+        try:
+            if self._admin_port is None:
+                authorization = Headers(scope=scope).get("authorization", "")
+                principal = await admins.authenticate_bearer(self.runtime.context, authorization)
+                principal.require_read(None)
+        except ServiceError as error:
+            await service_error_response(error)(scope, receive, send)
+            return
+        body, content_type = metrics.exposition()
+        await Response(body, media_type=content_type)(scope, receive, send)
 
     async def _readiness(self) -> Response:
         try:
@@ -214,16 +237,15 @@ def _panel(runtime: Runtime) -> ASGIApp:
 
 
 @functools.cache
-def _control_app(open_metrics: bool) -> "FastAPI":
-    """The admin API, /metrics and the panel. Imported at its first request: FastAPI and the admin API's routes
-    and schemas cost a worker about 10 MB and its start about 0.5 s, which a worker serving only the proxy saves.
+def _control_app() -> "FastAPI":
+    """The admin API and the panel. Imported at its first request: FastAPI and the admin API's routes and schemas
+    cost a worker about 10 MB and its start about 0.5 s, which a worker serving only the proxy saves.
 
-    One per process (and per `open_metrics`), whichever gateway serves it: FastAPI readies each route at its first
+    One per process, whichever gateway serves it: FastAPI readies each route at its first
     request, about 20 ms each, and a process that builds many gateways (the tests) would pay that for each. A
     request finds its gateway's runtime and panel in its scope's state (`runtime`, `panel`)."""
     from fastapi import FastAPI
 
-    from credgate.admin_api.routes import metrics_router, open_metrics_router
     from credgate.admin_api.routes import router as admin_api_router
     from credgate.error_responses import install_error_handlers
 
@@ -236,8 +258,6 @@ def _control_app(open_metrics: bool) -> "FastAPI":
     )
     install_error_handlers(control)
     control.include_router(admin_api_router)
-    # On an admin listener of its own, /metrics is open as Prometheus expects; on the one listener, it is admin-only.
-    control.include_router(open_metrics_router if open_metrics else metrics_router)
     control.mount("/admin", _gateways_panel)
     _document_minting(control)
     return control
@@ -305,4 +325,4 @@ def create_app(
     runtime = Runtime(
         settings, open_context, context=context, http_session=http_session, upstream_connections=upstream_connections
     )
-    return Gateway(runtime, functools.partial(_control_app, settings.admin_listener is not None))
+    return Gateway(runtime, _control_app)

@@ -8,7 +8,6 @@ from fastapi.responses import StreamingResponse
 from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from credgate import metrics
 from credgate.admin_api.schemas import (
     AdminTokenIn,
     AdminTokenOut,
@@ -48,10 +47,9 @@ from credgate.admin_api.schemas import (
     WebhookOut,
     WebhookPatchIn,
     WebhookSecretOut,
-    actor_of,
 )
 from credgate.error_responses import ERROR_RESPONSES
-from credgate.errors import InvalidInput, Unauthorized
+from credgate.errors import InvalidInput
 from credgate.limits import ListLimit, Moment
 from credgate.resolved import ResolvedIntegration
 from credgate.roles import Principal
@@ -72,16 +70,7 @@ class AuthenticatedRoute(APIRoute):
         handle = super().get_route_handler()
 
         async def authenticate_then_handle(request: Request) -> Response:
-            authorization = request.headers.get("authorization", "")
-            scheme, _, token = authorization.partition(" ")
-            try:
-                admin = await admins.authenticate_admin(
-                    get_context(request), token=token.strip() if scheme.lower() == "bearer" else None
-                )
-            except Unauthorized as error:
-                error.headers["WWW-Authenticate"] = "Bearer"
-                raise
-            principal = Principal.of(actor=actor_of(admin), role=admin.role, project_ids=admin.project_ids)
+            principal = await admins.authenticate_bearer(get_context(request), request.headers.get("authorization", ""))
             _check_role(principal, request.method, self.path, request.path_params.get("project_id"))
             request.state.principal = principal
             return await handle(request)
@@ -113,17 +102,6 @@ def _check_role(principal: Principal, method: str, path: str, project_id: str | 
 
 
 router = APIRouter(prefix="/api/v1", route_class=AuthenticatedRoute, responses=ERROR_RESPONSES)
-# /metrics, outside /api/v1 where Prometheus looks for it: behind the admin token like the rest, or open where
-# only the admin listener serves it.
-metrics_router = APIRouter(route_class=AuthenticatedRoute, include_in_schema=False)
-open_metrics_router = APIRouter(include_in_schema=False)
-
-
-@metrics_router.get("/metrics")
-@open_metrics_router.get("/metrics")
-async def prometheus_metrics() -> Response:
-    body, content_type = metrics.exposition()
-    return Response(body, media_type=content_type)
 
 
 class AdminRuntime(Protocol):

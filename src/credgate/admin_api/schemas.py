@@ -733,7 +733,3 @@ class UsageOut(BaseModel):
             totals=UsageTotalsOut.of(rows),
             items=groups if group_by else [],
         )
-
-
-def actor_of(admin: AdminToken) -> str:
-    return f"admin-token:{admin.name}"

@@ -10,7 +10,7 @@ from argon2 import PasswordHasher
 from credgate.crypto import generate_token, hash_token
 from credgate.errors import Conflict, InvalidInput, NotFound, Unauthorized
 from credgate.limits import Name, Password, within
-from credgate.roles import Role, checked_grant
+from credgate.roles import Principal, Role, checked_grant
 from credgate.services.context import Context, new_id, plausible_id
 from credgate.storage import DuplicateRow, Repository
 from credgate.storage.models import AdminToken, AdminUser
@@ -78,6 +78,18 @@ async def authenticate_admin(ctx: Context, *, token: str | None) -> AdminToken:
             if found is not None:
                 found.last_used_at = now
     return admin
+
+
+async def authenticate_bearer(ctx: Context, authorization: str) -> Principal:
+    """The principal of an `Authorization: Bearer <admin token>` header, or Unauthorized with the header that
+    says how to authenticate."""
+    scheme, _, token = authorization.partition(" ")
+    try:
+        admin = await authenticate_admin(ctx, token=token.strip() if scheme.lower() == "bearer" else None)
+    except Unauthorized as error:
+        error.headers["WWW-Authenticate"] = "Bearer"
+        raise
+    return Principal.of(actor=f"admin-token:{admin.name}", role=admin.role, project_ids=admin.project_ids)
 
 
 def new_admin_user(
