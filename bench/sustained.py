@@ -30,9 +30,7 @@ from harness import (
     store_section,
     wait_for_port,
 )
-from run import LUA, wrk
-
-CHAT = "/proxy/openai/chat/completions"
+from run import CHAT, LUA, wrk
 
 
 def main() -> None:
