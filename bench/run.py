@@ -539,6 +539,17 @@ def render(
         itself: 2 c1 / (c2 + load), c1 and c2 the CPU a request of one process and of two."""
         return 2 * one_cpu / (two_cpu + load_cpu)
 
+    def paired(name: str, over: str) -> float:
+        """`name`'s requests/s at 64 connections over `over`'s: the median of the rounds' ratios, each of two
+        systems measured in the same round, where a ratio of medians may pair two moments of a drifting host."""
+        pairs = zip(rounds[name, 64], rounds[over, 64], strict=True)
+        return statistics.median(mine["rps"] / theirs["rps"] for mine, theirs in pairs)
+
+    def added_p50(name: str, over: str = "direct") -> float:
+        """What `name` adds to `over`'s p50 at 1 connection: the median of the rounds' differences, as above."""
+        pairs = zip(rounds[name, 1], rounds[over, 1], strict=True)
+        return statistics.median(mine["p50"] - theirs["p50"] for mine, theirs in pairs)
+
     def by_round(name: str, over: str) -> str:
         """The ratio of two systems' requests/s at 64 connections in each round, where one ran right after the
         other: the host's speed drifts over a run, and a ratio of medians may pair two of its moments."""
@@ -556,7 +567,8 @@ def render(
         f"wrk on core {LOAD_CORE}; "
         "two-worker credgate and the two-process proxies on both; while one system has the load, the "
         f"one-process systems pinned to its cores are stopped. Median of {options.rounds} rounds of "
-        f"{options.duration} s.",
+        f"{options.duration} s; a ratio or a difference of two systems is the median of the rounds' own, the two "
+        "measured in the same round.",
         "",
         "| system | connections | requests/s | p50 ms | p99 ms | CPU µs a request |",
         "|---|---:|---:|---:|---:|---:|",
@@ -569,10 +581,10 @@ def render(
     ]
     one, two, bare = ONE, TWO, "bare proxy"
     checks = [
-        ("1 worker / bare proxy at 64 connections", rps(one) / rps(bare), "≥ 0.90×", rps(one) / rps(bare) >= 0.9),
-        ("2 workers / 1 worker at 64 connections", rps(two) / rps(one), "≥ 1.70×", rps(two) / rps(one) >= 1.7),
+        ("1 worker / bare proxy at 64 connections", paired(one, bare), "≥ 0.90×", paired(one, bare) >= 0.9),
+        ("2 workers / 1 worker at 64 connections", paired(two, one), "≥ 1.70×", paired(two, one) >= 1.7),
     ]
-    added = p50(one) - p50("direct")
+    added = added_p50(one)
     cold, after_one, warm = first_bytes
 
     def added_sse(name: str, times: dict[str, float]) -> float:
@@ -599,27 +611,27 @@ def render(
         f"| peak RSS per worker | {peak:.1f} MB | ≤ 100 MB | {'yes' if peak <= 100 else 'no'} |",
         "",
         *host_drift(speeds),
-        f"- bare proxy: {rps(bare) / rps('direct'):.0%} of direct at 64 connections; added latency at 1 connection "
-        f"{p50(bare) - p50('direct'):.2f} ms; SSE first byte added {added_sse(bare, warm):.2f} ms warm, "
+        f"- bare proxy: {paired(bare, 'direct'):.0%} of direct at 64 connections; added latency at 1 connection "
+        f"{added_p50(bare):.2f} ms; SSE first byte added {added_sse(bare, warm):.2f} ms warm, "
         f"{added_sse(bare, after_one):.2f} ms after one request, {added_sse(bare, cold):.2f} ms cold",
         f"- round by round at 64 connections: 1 worker / bare proxy {by_round(one, bare)}; 2 workers / 1 worker "
         f"{by_round(two, one)}",
         f"- {FLOOR} (bench/floor_proxy.py: the bare proxy plus, per request, a request id, the token looked up by "
         "its hash, an allow-list, an access line, two Prometheus counts and a request-log row, each in its plainest "
-        f"cheap form): {rps(FLOOR) / rps(bare):.2f}× the bare proxy at 64 connections, {cpu(FLOOR):.0f} µs of CPU a "
-        f"request; credgate 1 worker does {rps(one) / rps(FLOOR):.2f}× of it (round by round "
+        f"cheap form): {paired(FLOOR, bare):.2f}× the bare proxy at 64 connections, {cpu(FLOOR):.0f} µs of CPU a "
+        f"request; credgate 1 worker does {paired(one, FLOOR):.2f}× of it (round by round "
         f"{by_round(one, FLOOR)}), {cpu(one) / cpu(FLOOR):.2f}× its CPU a request; added latency at 1 connection "
-        f"{p50(FLOOR) - p50('direct'):.2f} ms; in two processes {rps(FLOOR_TWO) / rps(FLOOR):.2f}× its one (round by "
+        f"{added_p50(FLOOR):.2f} ms; in two processes {paired(FLOOR_TWO, FLOOR):.2f}× its one (round by "
         f"round {by_round(FLOOR_TWO, FLOOR)}), {cpu(FLOOR_TWO) / cpu(FLOOR):.2f}× its CPU a request",
-        f"- {BARE_TWO} / bare proxy at 64 connections: {rps(BARE_TWO) / rps(bare):.2f}× (what a second core gives "
-        f"a proxy that does nothing else, beside wrk and the upstream; credgate: {rps(two) / rps(one):.2f}×)",
+        f"- {BARE_TWO} / bare proxy at 64 connections: {paired(BARE_TWO, bare):.2f}× (what a second core gives "
+        f"a proxy that does nothing else, beside wrk and the upstream; credgate: {paired(two, one):.2f}×)",
         f"- the load's own CPU a request at 64 connections (wrk and the upstream stand-in, which share the two cores "
         f"with two workers): {load(two):.0f} µs. Two cores then serve at most 2 c1 / (c2 + load) times what one "
         f"worker does on a core of its own, c1 and c2 being the CPU a request of one worker and of two: 2 × "
         f"{cpu(one):.0f} / ({cpu(two):.0f} + {load(two):.0f}) = {ceiling(cpu(one), cpu(two), load(two)):.2f}× "
-        f"(measured {rps(two) / rps(one):.2f}×); for the bare proxy's two processes "
+        f"(measured {paired(two, one):.2f}×); for the bare proxy's two processes "
         f"{ceiling(cpu(bare), cpu(BARE_TWO), load(BARE_TWO)):.2f}× (measured "
-        f"{rps(BARE_TWO) / rps(bare):.2f}×). Even with c2 = c1, 1.70× needs the load to cost at most "
+        f"{paired(BARE_TWO, bare):.2f}×). Even with c2 = c1, 1.70× needs the load to cost at most "
         f"{2 / 1.7 - 1:.0%} of what the gateway does (here {load(two) / cpu(one):.0%}: at most "
         f"{ceiling(cpu(one), cpu(one), load(two)):.2f}×)",
         f"- CPU a request at 64 connections (user and system time of the serving processes over the run, divided by "
@@ -645,31 +657,31 @@ def render(
             )
             + " (the same code each time: how the host's own speed moved over the run)"
         )
-    log_cost = 1 - rps(one) / rps(QUIET)
-    observing_cost = 1 - rps(one) / rps(UNOBSERVED)
-    trace_cost = 1 - rps(TRACED) / rps(one)
+    log_cost = 1 - paired(one, QUIET)
+    observing_cost = 1 - paired(one, UNOBSERVED)
+    trace_cost = 1 - paired(TRACED, one)
     lines.append(f"- the access log costs {log_cost:.0%} of one worker's throughput at 64 connections")
     lines.append(
         f"- the access log and the metrics together cost {observing_cost:.0%} of it "
         f"(goal ≤ 5%: {'met' if observing_cost <= 0.05 else 'not met'}); added latency at 1 connection "
-        f"{p50(one) - p50(UNOBSERVED):.2f} ms at p50"
+        f"{added_p50(one, UNOBSERVED):.2f} ms at p50"
     )
     lines.append(
         f"- traces, every request exported over OTLP/HTTP, cost {trace_cost:.0%} of it and add "
-        f"{p50(TRACED) - p50(one):.2f} ms at p50 at 1 connection"
+        f"{added_p50(TRACED, one):.2f} ms at p50 at 1 connection"
     )
     lines.append(
         f"- the request log (each request's record: its usage read from the response, a row written in the next "
-        f"batch) costs {1 - rps(one) / rps(UNRECORDED):.0%} of one worker's throughput at 64 connections and "
+        f"batch) costs {1 - paired(one, UNRECORDED):.0%} of one worker's throughput at 64 connections and "
         f"{cpu(one) - cpu(UNRECORDED):.0f} µs of CPU a request ({cpu(one):.0f} against {cpu(UNRECORDED):.0f}); "
-        f"without it one worker does {rps(UNRECORDED) / rps(bare):.2f}× the bare proxy"
+        f"without it one worker does {paired(UNRECORDED, bare):.2f}× the bare proxy"
     )
 
     def feature_cost(system: str, what: str, note: str = "") -> None:
         """One line for a feature's cost: throughput lost at 64 connections, latency added at 1."""
         lines.append(
-            f"- {what} costs {1 - rps(system) / rps(one):.0%} of one worker's throughput at 64 connections and "
-            f"adds {p50(system) - p50(one):.2f} ms at p50 at 1 connection{note}"
+            f"- {what} costs {1 - paired(system, one):.0%} of one worker's throughput at 64 connections and "
+            f"adds {added_p50(system, one):.2f} ms at p50 at 1 connection{note}"
         )
 
     redis_rows = {
