@@ -158,7 +158,7 @@ class Gateway:
 
     async def _metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
         """/metrics, served without the control app: Prometheus scrapes every worker, and FastAPI with the admin
-        API would cost each about 10 MB. Open on the admin listener, where Prometheus expects it; on the one
+        API would cost each about 12 MB. Open on the admin listener, where Prometheus expects it; on the one
         listener, behind an admin token that may read every project, as the admin API would check it."""
         if scope["method"] != "GET":
             await error_response(405, "method not allowed", {"Allow": "GET"})(scope, receive, send)
@@ -239,11 +239,12 @@ def _panel(runtime: Runtime) -> ASGIApp:
 @functools.cache
 def _control_app() -> "FastAPI":
     """The admin API and the panel. Imported at its first request: FastAPI and the admin API's routes and schemas
-    cost a worker about 10 MB and its start about 0.5 s, which a worker serving only the proxy saves.
+    cost a worker about 12 MB (bench/memory.py) and its start about 0.5 s, which a worker serving only the proxy
+    saves.
 
-    One per process, whichever gateway serves it: FastAPI readies each route at its first
-    request, about 20 ms each, and a process that builds many gateways (the tests) would pay that for each. A
-    request finds its gateway's runtime and panel in its scope's state (`runtime`, `panel`)."""
+    One per process, whichever gateway serves it: FastAPI readies each route at its first request, about 20 ms
+    each, and a process that builds many gateways (the tests) would pay that for each. A request finds its
+    gateway's runtime and panel in its scope's state (`runtime`, `panel`)."""
     from fastapi import FastAPI
 
     from credgate.admin_api.routes import router as admin_api_router
