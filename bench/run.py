@@ -539,11 +539,15 @@ def render(
         itself: 2 c1 / (c2 + load), c1 and c2 the CPU a request of one process and of two."""
         return 2 * one_cpu / (two_cpu + load_cpu)
 
-    def paired(name: str, over: str) -> float:
-        """`name`'s requests/s at 64 connections over `over`'s: the median of the rounds' ratios, each of two
-        systems measured in the same round, where a ratio of medians may pair two moments of a drifting host."""
+    def round_ratios(name: str, over: str) -> list[float]:
+        """`name`'s requests/s at 64 connections over `over`'s in each round, the two measured one right after the
+        other: the host's speed drifts over a run, and a ratio of medians may pair two of its moments."""
         pairs = zip(rounds[name, 64], rounds[over, 64], strict=True)
-        return statistics.median(mine["rps"] / theirs["rps"] for mine, theirs in pairs)
+        return [mine["rps"] / theirs["rps"] for mine, theirs in pairs]
+
+    def paired(name: str, over: str) -> float:
+        """`name`'s requests/s at 64 connections over `over`'s: the median of the rounds' ratios."""
+        return statistics.median(round_ratios(name, over))
 
     def added_p50(name: str, over: str = "direct") -> float:
         """What `name` adds to `over`'s p50 at 1 connection: the median of the rounds' differences, as above."""
@@ -551,10 +555,7 @@ def render(
         return statistics.median(mine["p50"] - theirs["p50"] for mine, theirs in pairs)
 
     def by_round(name: str, over: str) -> str:
-        """The ratio of two systems' requests/s at 64 connections in each round, where one ran right after the
-        other: the host's speed drifts over a run, and a ratio of medians may pair two of its moments."""
-        pairs = zip(rounds[name, 64], rounds[over, 64], strict=True)
-        return ", ".join(f"{mine['rps'] / theirs['rps']:.2f}×" for mine, theirs in pairs)
+        return ", ".join(f"{ratio:.2f}×" for ratio in round_ratios(name, over))
 
     command = f"`.venv/bin/python bench/run.py --duration {options.duration} --rounds {options.rounds}"
     command += f" --soak {options.soak}`" if options.soak else "`"

@@ -137,14 +137,17 @@ class Gateway:
         if raw_path in _HEALTH_PATHS:
             return self._health  # on every listener
         proxied = raw_path.startswith(b"/proxy/")
-        control = self._metrics if raw_path == METRICS_PATH else self._control_plane
         if self._admin_port is None:
-            return proxy if proxied and proxy is not None else control
+            return proxy if proxied and proxy is not None else self._control_for(raw_path)
         if self._on_admin_listener(scope):
-            return _NOT_FOUND if proxied else control
+            return _NOT_FOUND if proxied else self._control_for(raw_path)
         if proxied:
             return proxy if proxy is not None else self._control_plane
         return _NOT_FOUND
+
+    def _control_for(self, raw_path: bytes) -> ASGIApp:
+        """What answers a path off the proxy: /metrics is the gateway's own, the rest the control app's."""
+        return self._metrics if raw_path == METRICS_PATH else self._control_plane
 
     async def _health(self, scope: Scope, receive: Receive, send: Send) -> None:
         """/healthz: the process answers; /readyz: and its database does too (503 otherwise)."""
