@@ -62,8 +62,8 @@ except ImportError:  # pragma: no cover - uvloop is a dependency except on Windo
 
 SETTLE_SECONDS = 5.0
 RSS_TRACE_SECONDS = 20.0
-# aiohttp closes an idle upstream connection once it has been idle 15 s (its default keep-alive), at a sweep it
-# runs every 15 s: so 15 to 30 s after its last use, and one second more for the sweep's rounding.
+# credgate's upstream client closes an idle connection once it has been idle 15 s (KEEP_ALIVE_SECONDS), at a sweep
+# it runs every 15 s: so 15 to 30 s after its last use, and one second more for the sweep's rounding.
 POOL_DRAINED_SECONDS = 2 * 15.0 + 1
 
 

@@ -16,7 +16,6 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-import aiohttp
 from starlette.datastructures import Headers
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Router
@@ -320,13 +319,10 @@ def create_app(
     settings: Settings,
     *,
     context: Context | None = None,
-    http_session: aiohttp.ClientSession | None = None,
     upstream_connections: int = 1000,
 ) -> Gateway:
-    """Build the gateway over one Runtime. Given `context` or `http_session`, they are used as they are (tests);
-    otherwise they are opened at start and closed at shutdown. The proxy exists once the lifespan has started.
-    `upstream_connections`: the proxy's connections to upstreams open at once (in each pool)."""
-    runtime = Runtime(
-        settings, open_context, context=context, http_session=http_session, upstream_connections=upstream_connections
-    )
+    """Build the gateway over one Runtime. Given `context`, it is used as it is (tests); otherwise it is opened at
+    start and closed at shutdown. The proxy exists once the lifespan has started. `upstream_connections`: the
+    proxy's connections to upstreams open at once (in each pool)."""
+    runtime = Runtime(settings, open_context, context=context, upstream_connections=upstream_connections)
     return Gateway(runtime, _control_app)

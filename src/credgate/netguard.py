@@ -117,7 +117,7 @@ def numeric_host(host: str) -> str | None:
     except UnicodeError:
         return None  # not even encodable as a host name: certainly not numeric
     except socket.gaierror:
-        try:  # the legacy IPv4 spellings (decimal, hex, octal, short) that inet_aton and aiohttp accept
+        try:  # the legacy IPv4 spellings (decimal, hex, octal, short) that inet_aton and getaddrinfo accept
             return socket.inet_ntoa(socket.inet_aton(host))
         except OSError:
             return None

@@ -11,14 +11,12 @@ import gc
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import timedelta
 
-import aiohttp
-
 from credgate.config import Settings
 from credgate.errors import Unavailable
 from credgate.fleet import RateLimiter, SharedRateLimiter
 from credgate.fleet.budgets import LocalBudgets, SharedBudgets
 from credgate.fleet.concurrency import LocalPlaces, SharedPlaces
-from credgate.proxy import ProxyApp, create_http_session
+from credgate.proxy import ProxyApp
 from credgate.resolved import ResolvedIntegration
 from credgate.services.access import follow_notices, watch_database
 from credgate.services.budgets import spent_since
@@ -45,15 +43,13 @@ class Runtime:
         open_context: ContextOpener,
         *,
         context: Context | None = None,
-        http_session: aiohttp.ClientSession | None = None,
         upstream_connections: int = 1000,
     ) -> None:
-        """Given `context` or `http_session`, they are used as they are and left open (tests); otherwise they are
-        opened at start and closed at shutdown. `upstream_connections`: the proxy's connections open at once."""
+        """Given `context`, it is used as it is and left open (tests); otherwise it is opened at start and closed
+        at shutdown. `upstream_connections`: the proxy's connections open at once, in each of its pools."""
         self.settings = settings
         self._open_context = open_context
         self._given_context = context
-        self._given_session = http_session
         self._upstream_connections = upstream_connections
         self._context = context
         self.proxy: ProxyApp | None = None
@@ -76,7 +72,6 @@ class Runtime:
         settings = self.settings
         tracing = open_tracing()  # each worker exports its own spans
         ctx = self._given_context or await self._open_context(settings)
-        session = self._given_session or create_http_session(allow_private_upstreams=settings.allow_private_upstreams)
         shared = None if ctx.fleet is None else SharedRateLimiter(ctx.fleet, RateLimiter())
         rate_limits = shared or RateLimiter()
         subject_shared = None if ctx.fleet is None else SharedRateLimiter(ctx.fleet, RateLimiter())
@@ -88,7 +83,6 @@ class Runtime:
         proxy = ProxyApp(
             ctx,
             settings,
-            session,
             recorder,
             rate_limits=rate_limits,
             subject_limits=subject_limits,
@@ -135,9 +129,7 @@ class Runtime:
                 await budgets.aclose()
             if isinstance(places, SharedPlaces):  # after the requests, which give their places back
                 await places.aclose()
-            await proxy.upstreams.close()  # its pools, and the sessions of integrations' exceptions
-            if self._given_session is None:
-                await session.close()
+            await proxy.upstreams.close()
             if self._given_context is None:
                 self._context = None
                 await ctx.close()

@@ -13,8 +13,8 @@ import aiohttp
 import httpx
 import pytest
 
-import credgate.runtime
-from credgate.proxy import create_http_session
+import credgate.proxy.relay
+from credgate.proxy.upstreams import Upstreams
 from credgate.services import admins
 from credgate.services.context import Context
 from tests.e2e.conftest import Project, add_custom, add_project, bearer
@@ -25,15 +25,15 @@ CHAT = {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}
 
 
 @pytest.fixture
-def outbound(monkeypatch: pytest.MonkeyPatch) -> list[aiohttp.ClientSession]:
-    """The gateway's outbound sessions, as the app creates them (request it before `gateway_url`)."""
-    made: list[aiohttp.ClientSession] = []
+def outbound(monkeypatch: pytest.MonkeyPatch) -> list[Upstreams]:
+    """The gateway's upstream pools, as its proxy creates them (request it before `gateway_url`)."""
+    made: list[Upstreams] = []
 
-    def capture(**options: Any) -> aiohttp.ClientSession:
-        made.append(create_http_session(**options))
+    def capture(**options: Any) -> Upstreams:
+        made.append(Upstreams(**options))
         return made[-1]
 
-    monkeypatch.setattr(credgate.runtime, "create_http_session", capture)
+    monkeypatch.setattr(credgate.proxy.relay, "Upstreams", capture)
     return made
 
 
@@ -136,7 +136,7 @@ async def test_client_leaving_before_the_upstream_answers_closes_the_upstream_co
 
 
 async def test_a_thousand_departing_clients_leave_nothing_behind(
-    outbound: list[aiohttp.ClientSession], stand_in: str, http: httpx.AsyncClient, upstream: Upstream
+    outbound: list[Upstreams], stand_in: str, http: httpx.AsyncClient, upstream: Upstream
 ) -> None:
     url = "/proxy/stand-in/sse?n=1000&delay=0.05"
     await leave_after_first_chunk(http, url)
@@ -146,27 +146,23 @@ async def test_a_thousand_departing_clients_leave_nothing_behind(
     for _ in range(20):
         await asyncio.gather(*(leave_after_first_chunk(http, url) for _ in range(50)))
     elapsed = time.monotonic() - started
-    connector = outbound[0].connector
-    assert connector is not None
+    pool = outbound[0].connections
     assert await eventually(lambda: upstream.open_streams == 0, within=2.0)
-    assert await eventually(lambda: not connector._acquired, within=1.0)
+    assert await eventually(lambda: pool.in_use == 0, within=1.0)
     assert await eventually(lambda: len(asyncio.all_tasks()) <= baseline, within=2.0)
     assert len(upstream.received) == 1001
     assert elapsed < 30
 
 
 @pytest.mark.usefixtures("stand_in")
-async def test_broken_upstreams_leave_nothing_behind(
-    outbound: list[aiohttp.ClientSession], http: httpx.AsyncClient
-) -> None:
+async def test_broken_upstreams_leave_nothing_behind(outbound: list[Upstreams], http: httpx.AsyncClient) -> None:
     async def read_broken() -> None:
         with pytest.raises(httpx.TransportError):
             await http.get("/proxy/stand-in/broken")
 
     await asyncio.gather(*(read_broken() for _ in range(100)))
-    connector = outbound[0].connector
-    assert connector is not None
-    assert await eventually(lambda: not connector._acquired, within=1.0)
+    pool = outbound[0].connections
+    assert await eventually(lambda: pool.in_use == 0, within=1.0)
 
 
 # isolation

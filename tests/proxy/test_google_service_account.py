@@ -8,10 +8,8 @@ import re
 import time
 from collections.abc import AsyncIterator
 
-import aiohttp
 import httpx
 import pytest
-from aiohttp.abc import AbstractResolver
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
@@ -74,12 +72,11 @@ async def broker() -> AsyncIterator[TokenBroker]:
     async def no_refresh_tokens(project_id: str, provider: str, token: str) -> None:
         raise AssertionError("a service account has no refresh token")
 
-    def no_other_sessions(resolver: AbstractResolver) -> aiohttp.ClientSession:
-        raise AssertionError("private upstreams are allowed: the default session serves every call")
-
-    async with aiohttp.ClientSession() as session:
-        upstreams = Upstreams(session, allow_private=True, open_session=no_other_sessions)  # stand-ins on loopback
+    upstreams = Upstreams(allow_private=True)  # stand-ins on loopback
+    try:
         yield TokenBroker(upstreams, store_refresh_token=no_refresh_tokens)
+    finally:
+        await upstreams.close()
 
 
 def vertex(auth: GoogleServiceAccountAuth, key: str) -> ResolvedIntegration:

@@ -1,11 +1,11 @@
-"""The connect-time guard: the resolver aiohttp dials through refuses private names and non-public answers."""
+"""The connect-time guard: the resolver the upstream client dials through refuses private names and non-public
+answers."""
 
-from typing import Any
+import socket
 
 import pytest
-from aiohttp.abc import ResolveResult
 
-from credgate.proxy.guard import NonPublicAddress, PublicOnlyResolver
+from credgate.proxy.guard import Address, NonPublicAddress, PublicOnlyResolver
 
 
 class Answers:
@@ -15,19 +15,14 @@ class Answers:
         self.addresses = addresses
         self.asked: list[str] = []
 
-    async def resolve(self, host: str, port: int = 0, family: Any = 0) -> list[ResolveResult]:
+    async def resolve(self, host: str, port: int) -> list[Address]:
         self.asked.append(host)
-        return [
-            ResolveResult(hostname=host, host=address, port=port, family=0, proto=0, flags=0)
-            for address in self.addresses
-        ]
+        return [(address, socket.AF_INET6 if ":" in address else socket.AF_INET) for address in self.addresses]
 
 
 def guarded(*addresses: str) -> tuple[PublicOnlyResolver, Answers]:
-    resolver = PublicOnlyResolver()
     answers = Answers(*addresses)
-    resolver._inner = answers  # type: ignore[assignment]
-    return resolver, answers
+    return PublicOnlyResolver(answers), answers
 
 
 @pytest.mark.parametrize(
@@ -48,7 +43,7 @@ async def test_a_private_name_is_refused_before_any_lookup() -> None:
 
 async def test_public_answers_are_used() -> None:
     resolver, _ = guarded("93.184.216.34", "2606:2800:220:1::")
-    assert [result["host"] for result in await resolver.resolve("api.example.com", 443)] == [
+    assert [address for address, _ in await resolver.resolve("api.example.com", 443)] == [
         "93.184.216.34",
         "2606:2800:220:1::",
     ]

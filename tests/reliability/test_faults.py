@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import httpx
 import pytest
 from prometheus_client import REGISTRY
@@ -1080,7 +1079,7 @@ async def test_ft18_a_failing_token_endpoint_is_a_502_without_the_secret_and_is_
     its failure shared and kept for a pause. (A 401 refusal is
     test_a_refused_fetch_is_a_clear_502_without_the_secret_and_is_not_retried_at_once.) The token endpoint's
     timeout (30 s, not a setting) is scaled down here by hand."""
-    monkeypatch.setattr(oauth, "_FETCH_TIMEOUT", aiohttp.ClientTimeout(total=0.5))
+    monkeypatch.setattr(oauth, "_FETCH_TIMEOUT_SECONDS", 0.5)
     for fault in ("refused", "hangs", "status 500", "malformed JSON"):
         async with run_token_endpoint() as endpoint:
             endpoint.hang = fault == "hangs"

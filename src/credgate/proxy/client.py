@@ -51,7 +51,7 @@ class ClientWatch:
         self._started = False
         self.deadline = 0.0  # when the watching task is due, once the body is read
         self._task: asyncio.Task[None] | None = None
-        self._relay = asyncio.current_task()  # the relay, even when start() runs in aiohttp's body writer
+        self._relay = asyncio.current_task()  # the relay, even when start() runs in the upstream client's body writer
         self.client_gone = False
         # uvicorn reports a disconnect once the response is complete, too: that one is not a client leaving.
         self.finishing = False

@@ -13,9 +13,9 @@ import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
-import aiohttp
+from yarl import URL
 
 from credgate import metrics
 from credgate.crypto import Secret
@@ -31,7 +31,8 @@ DEFAULT_LIFETIME_SECONDS = 3600.0
 MAX_LIFETIME_SECONDS = 7 * 24 * 3600.0  # a week: longer claims are renewed anyway
 _RENEW_BEFORE_SECONDS = 60.0
 _FAILURE_PAUSE_SECONDS = 2.0  # after a failed fetch, so a broken endpoint is not hammered by every request
-_FETCH_TIMEOUT = aiohttp.ClientTimeout(total=30)
+_FETCH_TIMEOUT_SECONDS = 30
+_MAX_ANSWER_BYTES = 1 << 20  # a token endpoint's answer: a few hundred bytes
 _ASSERTION_LIFETIME_SECONDS = 3600  # the longest Google accepts
 JWT_BEARER_GRANT = "urn:ietf:params:oauth:grant-type:jwt-bearer"
 TokenSpec = OAuth2ClientCredentialsAuth | OAuth2RefreshTokenAuth | GoogleServiceAccountAuth
@@ -115,15 +116,18 @@ class TokenBroker:
             form, headers = _jwt_bearer_request(assertion)
         else:
             form, headers = _token_request(spec, secret)
+        pool = self._upstreams.connections_for(integration.private_networks)
         try:
-            async with self._upstreams.session_for(integration.private_networks).post(
-                spec.token_url, data=form, headers=headers, allow_redirects=False, timeout=_FETCH_TIMEOUT
-            ) as response:
-                body = await response.read()
-                status = response.status
-        except (aiohttp.ClientError, OSError) as error:
-            if isinstance(getattr(error, "os_error", None), NonPublicAddress):
-                raise BadGateway(f"{provider}: the token endpoint's address is not public; refused") from None
+            async with asyncio.timeout(_FETCH_TIMEOUT_SECONDS):
+                response = await pool.request("POST", URL(spec.token_url), headers, urlencode(form).encode())
+                try:
+                    body = await response.read(limit=_MAX_ANSWER_BYTES)
+                finally:
+                    response.release()
+            status = response.status
+        except NonPublicAddress:
+            raise BadGateway(f"{provider}: the token endpoint's address is not public; refused") from None
+        except (OSError, ValueError) as error:  # TimeoutError among them
             logger.warning("token endpoint of %s unreachable: %s", provider, type(error).__name__)
             raise BadGateway(f"{provider}: the token endpoint could not be reached") from None
         if status != 200:
@@ -160,9 +164,9 @@ def _lifetime(expires_in: object) -> float:
     return min(max(lifetime, 0.0), MAX_LIFETIME_SECONDS) if math.isfinite(lifetime) else DEFAULT_LIFETIME_SECONDS
 
 
-def _form_headers() -> dict[str, str]:
-    # The shared session adds no Content-Type of its own (the proxy relays bytes as they are): say it here.
-    return {"Accept": "application/json", "Content-Type": "application/x-www-form-urlencoded"}
+def _form_headers() -> list[tuple[str, str]]:
+    # The upstream client adds no header of its own but Host and the body's length: say the rest here.
+    return [("Accept", "application/json"), ("Content-Type", "application/x-www-form-urlencoded")]
 
 
 def _service_account_assertion(spec: GoogleServiceAccountAuth, secret: Secret, now: float) -> str | None:
@@ -190,14 +194,14 @@ def _service_account_assertion(spec: GoogleServiceAccountAuth, secret: Secret, n
     return assertion.decode("ascii")
 
 
-def _jwt_bearer_request(assertion: str) -> tuple[dict[str, str], dict[str, str]]:
+def _jwt_bearer_request(assertion: str) -> tuple[dict[str, str], list[tuple[str, str]]]:
     """The JWT bearer grant's form and headers (RFC 7523 section 2.1)."""
     return {"grant_type": JWT_BEARER_GRANT, "assertion": assertion}, _form_headers()
 
 
 def _token_request(
     spec: OAuth2ClientCredentialsAuth | OAuth2RefreshTokenAuth, secret: Secret
-) -> tuple[dict[str, str], dict[str, str]]:
+) -> tuple[dict[str, str], list[tuple[str, str]]]:
     """The token request's form and headers (RFC 6749 sections 4.4.2, 6 and 2.3.1)."""
     headers = _form_headers()
     if isinstance(spec, OAuth2RefreshTokenAuth):
@@ -206,7 +210,7 @@ def _token_request(
         form = {"grant_type": "client_credentials"}
         if spec.client_auth == "basic":
             pair = f"{quote(spec.client_id, safe='')}:{quote(secret.reveal(), safe='')}"
-            headers["Authorization"] = "Basic " + base64.b64encode(pair.encode()).decode()
+            headers.append(("Authorization", "Basic " + base64.b64encode(pair.encode()).decode()))
         else:
             form |= {"client_id": spec.client_id, "client_secret": secret.reveal()}
         if spec.audience:

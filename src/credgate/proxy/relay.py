@@ -11,7 +11,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-import aiohttp
 from starlette.types import Message, Receive, Scope, Send
 from yarl import URL
 
@@ -66,7 +65,7 @@ from credgate.proxy.plan import (
     split_target,
 )
 from credgate.proxy.sigv4 import sign
-from credgate.proxy.upstreams import Upstreams, create_http_session
+from credgate.proxy.upstreams import Upstreams
 from credgate.resolved import PoolKey, ResolvedIntegration
 from credgate.services.access import (
     LOOKUP_TIMEOUT_SECONDS,
@@ -96,8 +95,8 @@ if TYPE_CHECKING:  # the SDK is loaded only when tracing is on; PyJWT at the fir
 logger = logging.getLogger(__name__)
 _IN_FLIGHT, _STREAMS_OPEN = metrics.in_flight, metrics.streams_open
 _VERIFY_TIMEOUT_SECONDS = 15
-_WEBHOOK_TIMEOUT = aiohttp.ClientTimeout(total=10)
-_JWKS_TIMEOUT = aiohttp.ClientTimeout(total=10)
+_WEBHOOK_TIMEOUT_SECONDS = 10
+_JWKS_TIMEOUT_SECONDS = 10
 _MAX_JWKS_BYTES = 1 << 20
 _MAX_REMEMBERED_GRANTS = 100_000
 UNAUTHORIZED_MESSAGE = "invalid project token or expired authentication"
@@ -130,7 +129,6 @@ class ProxyApp:
         self,
         ctx: Context,
         settings: Settings,
-        session: aiohttp.ClientSession,
         recorder: UsageRecorder,
         *,
         rate_limits: RateLimits | None = None,
@@ -143,8 +141,7 @@ class ProxyApp:
     ) -> None:
         """`rate_limits`, `budgets`, `places`: the fleet's shared counters where there are some; else this process
         counts alone (budgets from the request log). `tracing`: a span per request, when OpenTelemetry is configured.
-        `session`: the aiohttp session of calls other than the proxied ones (OAuth tokens, identity keys, webhooks);
-        `max_upstream_connections`: the proxy's own connections open at once, in each of its pools."""
+        `max_upstream_connections`: the connections to upstreams open at once, in each pool."""
         self.ctx = ctx
         self.tracing = tracing
         self.recorder = recorder
@@ -161,11 +158,9 @@ class ProxyApp:
         self.counts = metrics.RequestCounts()
         self.in_flight = 0
         self._in_flight_to_show = False  # the gauge is to be set at the end of this turn
-        # The shared public-only session, and one per integration's list of exceptions to the guard.
+        # The shared public-only pool, and one per integration's list of exceptions to the guard.
         self.upstreams = Upstreams(
-            session,
             allow_private=settings.allow_private_upstreams,
-            open_session=lambda resolver: create_http_session(allow_private_upstreams=False, resolver=resolver),
             ports=settings.upstream_port_set,
             max_connections=max_upstream_connections,
         )
@@ -378,15 +373,14 @@ class ProxyApp:
         """An identity provider's JWKS (a `Fetch`): through the address guard, bounded, no redirect followed."""
         if self.upstreams.refuses(url, NO_PRIVATE_NETWORKS):
             raise NonPublicAddress("the identity provider's address is not public")
-        async with self.upstreams.default.get(URL(url), allow_redirects=False, timeout=_JWKS_TIMEOUT) as response:
-            if response.status != 200:
-                raise aiohttp.ClientResponseError(response.request_info, (), status=response.status)
-            body = bytearray()
-            async for chunk in response.content.iter_chunked(65536):
-                body += chunk
-                if len(body) > _MAX_JWKS_BYTES:
-                    raise ValueError("the JWKS document is over 1 MiB")
-            return bytes(body)
+        async with asyncio.timeout(_JWKS_TIMEOUT_SECONDS):
+            response = await self.upstreams.connections.request("GET", URL(url), [("Accept", "application/json")])
+            try:
+                if response.status != 200:
+                    raise ValueError(f"the identity provider answered {response.status}")
+                return await response.read(limit=_MAX_JWKS_BYTES)
+            finally:
+                response.release()
 
     async def _listed_anywhere(self, origin: str) -> bool:
         """Whether some project lists `origin`: what a request without a usable token (a preflight, a 401) can
@@ -552,9 +546,9 @@ class ProxyApp:
         except ServiceError:
             watch.stop()
             raise
-        except (BodyProblem, aiohttp.ClientError, OSError, ValueError) as error:
+        except (BodyProblem, OSError, ValueError) as error:
             watch.stop()
-            # aiohttp wraps what the body generator raised, so the body's own state says what happened.
+            # The upstream's side may fail because the client's body did: the body's own state says what happened.
             record.request_bytes = body.received
             if isinstance(body.problem, BodyTooLarge):
                 raise PayloadTooLarge(f"request body over the limit of {self.max_request_bytes} bytes") from None
@@ -563,10 +557,10 @@ class ProxyApp:
             if body.problem is not None:
                 record.status = 499  # the client left before its request was complete
                 return
-            if isinstance(error, TimeoutError) and not isinstance(error, aiohttp.ConnectionTimeoutError):
+            if isinstance(error, TimeoutError):
                 self._upstream_failed(integration.provider, "timeout", span)
                 raise GatewayTimeout(f"{integration.provider} did not answer in time") from None
-            if isinstance(error, NonPublicAddress) or isinstance(getattr(error, "os_error", None), NonPublicAddress):
+            if isinstance(error, NonPublicAddress):
                 self._upstream_failed(integration.provider, "not_public", span)
                 raise _not_public(integration.provider) from None
             self._upstream_failed(integration.provider, "unreachable", span)
@@ -674,10 +668,10 @@ class ProxyApp:
         """Post a webhook's event (a `Poster`): through the address guard, bounded, never following a redirect."""
         if self.upstreams.refuses(url, NO_PRIVATE_NETWORKS):
             raise NonPublicAddress("the webhook's address is not public")
-        async with self.upstreams.default.post(
-            URL(url), data=body, headers=headers, allow_redirects=False, timeout=_WEBHOOK_TIMEOUT
-        ) as response:
-            return response.status  # its body is not read: it could be endless
+        async with asyncio.timeout(_WEBHOOK_TIMEOUT_SECONDS):
+            response = await self.upstreams.connections.request("POST", URL(url), headers, body)
+        response.release()  # its body is not read (it could be endless): the connection is closed
+        return response.status
 
     async def _prepare(
         self,
@@ -779,7 +773,7 @@ class ProxyApp:
                 record.request_id,
                 record.response_bytes,
             )
-        except (aiohttp.ClientError, OSError, TimeoutError) as error:
+        except (OSError, TimeoutError) as error:
             # The response has started: it can only be cut short, never ended as if complete.
             logger.warning(
                 "upstream broke the response of request %s after %d bytes: %s",
