@@ -1,11 +1,13 @@
 """The connect-time guard: the resolver the upstream client dials through refuses private names and non-public
 answers."""
 
+import asyncio
 import socket
 
 import pytest
 
-from credgate.proxy.guard import Address, NonPublicAddress, PublicOnlyResolver
+from credgate.proxy.guard import Address, NonPublicAddress, PublicOnlyResolver, SystemResolver
+from credgate.proxy.http_client import _address_info
 
 
 class Answers:
@@ -18,6 +20,9 @@ class Answers:
     async def resolve(self, host: str, port: int) -> list[Address]:
         self.asked.append(host)
         return [(address, socket.AF_INET6 if ":" in address else socket.AF_INET) for address in self.addresses]
+
+    def admits(self, address: str) -> bool:
+        return True
 
 
 def guarded(*addresses: str) -> tuple[PublicOnlyResolver, Answers]:
@@ -46,4 +51,24 @@ async def test_public_answers_are_used() -> None:
     assert [address for address, _ in await resolver.resolve("api.example.com", 443)] == [
         "93.184.216.34",
         "2606:2800:220:1::",
+    ]
+
+
+async def test_the_system_resolver_keeps_an_ipv6_addresss_scope_and_the_client_dials_through_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    loop = asyncio.get_running_loop()
+
+    async def getaddrinfo(host: str, port: int, **_options: object) -> list[object]:
+        return [
+            (socket.AF_INET6, socket.SOCK_STREAM, 6, "", ("fe80::1", port, 0, 3)),
+            (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("192.0.2.1", port)),
+        ]
+
+    monkeypatch.setattr(loop, "getaddrinfo", getaddrinfo)
+    addresses = await SystemResolver().resolve("printer.local", 631)
+    assert addresses == [("fe80::1%3", socket.AF_INET6), ("192.0.2.1", socket.AF_INET)]
+    assert [_address_info(address, family, 631)[4] for address, family in addresses] == [
+        ("fe80::1", 631, 0, 3),
+        ("192.0.2.1", 631),
     ]

@@ -9,8 +9,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 from yarl import URL
 
+from credgate.netguard import PrivateNetworks
 from credgate.proxy import http_client
-from credgate.proxy.guard import NonPublicAddress, PublicOnlyResolver
+from credgate.proxy.guard import Address, NonPublicAddress, PrivateNetworksResolver, PublicOnlyResolver, SystemResolver
 from credgate.proxy.http_client import (
     Connections,
     UpstreamClosed,
@@ -81,7 +82,7 @@ class Upstream:
 
 @pytest.fixture
 async def pool() -> AsyncIterator[Connections]:
-    connections = Connections(None, tls=tls_context())
+    connections = Connections(SystemResolver(), tls=tls_context())
     yield connections
     await connections.close()
 
@@ -336,7 +337,7 @@ async def test_the_upstream_waits_while_the_relay_has_not_taken_what_arrived(poo
 
 
 async def test_requests_beyond_the_limit_wait_for_a_connection_to_be_released(serve: Serve) -> None:
-    pool = Connections(None, tls=tls_context(), limit=1)
+    pool = Connections(SystemResolver(), tls=tls_context(), limit=1)
     upstream, url = await serve(lambda _request: OK)
     try:
         first = await pool.request("GET", url, [])
@@ -357,6 +358,73 @@ async def test_a_name_that_resolves_to_a_private_address_is_refused_by_the_publi
             await pool.request("GET", URL("http://localhost:1/x"), [])
     finally:
         await pool.close()
+
+
+async def test_a_literal_address_is_judged_by_the_pools_guard_too(serve: Serve) -> None:
+    """The proxy refuses a URL by its spelling before it calls (Upstreams.refuses); the pool checks again, so that
+    a caller that forgot cannot dial a private address."""
+    _, url = await serve(lambda _request: OK)
+    public = Connections(PublicOnlyResolver(), tls=tls_context())
+    listed = Connections(PrivateNetworksResolver(PrivateNetworks.of(["127.0.0.1"])), tls=tls_context())
+    try:
+        for refused in (url, url.with_host("169.254.169.254"), URL(f"http://[::1]:{url.port}/x")):
+            with pytest.raises(NonPublicAddress):
+                await public.request("GET", refused, [])
+        assert await body_of(await listed.request("GET", url, [])) == b"{}"
+        with pytest.raises(NonPublicAddress):
+            await listed.request("GET", url.with_host("127.0.0.2"), [])
+    finally:
+        await public.close()
+        await listed.close()
+
+
+class Answers:
+    def __init__(self, *addresses: Address) -> None:
+        self.addresses = list(addresses)
+
+    async def resolve(self, host: str, port: int) -> list[Address]:
+        return self.addresses
+
+    def admits(self, address: str) -> bool:
+        return True
+
+
+async def test_an_address_that_never_answers_costs_a_fraction_of_a_second_not_the_connect_timeout(
+    serve: Serve, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A name's first address silently dropped (an IPv6 route that goes nowhere, say): the next is tried 0.25 s
+    later (Happy Eyeballs), where trying them in turn would wait out the 30 s connect timeout."""
+    _, url = await serve(lambda _request: OK)
+    loop = asyncio.get_running_loop()
+    dialled: list[str] = []
+    sock_connect = loop.sock_connect
+
+    async def black_hole_for_127_0_0_2(sock: socket.socket, address: tuple[str, int]) -> None:
+        dialled.append(address[0])
+        if address[0] == "127.0.0.2":
+            await asyncio.Event().wait()  # never answers
+        await sock_connect(sock, address)
+
+    monkeypatch.setattr(loop, "sock_connect", black_hole_for_127_0_0_2)
+    pool = Connections(Answers(("127.0.0.2", socket.AF_INET), ("127.0.0.1", socket.AF_INET)), tls=tls_context())
+    try:
+        response = await asyncio.wait_for(pool.request("GET", url.with_host("upstream.test"), []), 5)
+        assert await body_of(response) == b"{}"
+        assert dialled == ["127.0.0.2", "127.0.0.1"]
+    finally:
+        await pool.close()
+
+
+async def test_a_bounded_read_refuses_a_body_over_its_limit(pool: Connections, serve: Serve) -> None:
+    big = b"x" * 300_000
+    _, url = await serve(lambda _request: b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(big), big))
+    response = await pool.request("GET", url, [])
+    try:
+        with pytest.raises(ValueError, match="over 100000 bytes"):
+            await response.read(limit=100_000)
+    finally:
+        response.release()
+    assert await body_of(await pool.request("GET", url, [])) == big  # under the limit: read whole
 
 
 async def test_an_unreachable_upstream_is_a_connection_error(pool: Connections) -> None:

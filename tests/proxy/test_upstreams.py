@@ -31,6 +31,17 @@ async def test_an_integration_without_exceptions_gets_the_shared_public_only_poo
     assert registry.exception_pools == 0
 
 
+async def test_the_gateways_own_calls_have_a_public_only_pool_apart_except_for_an_integrations_exceptions(
+    registry: Upstreams,
+) -> None:
+    """A proxy at its connection limit (a thousand streams open) must not hold up a token fetch, an identity
+    provider's keys or a webhook; a token fetch of an integration with exceptions goes through its list's pool."""
+    assert registry.own_calls is not registry.connections
+    assert isinstance(registry.own_calls.resolver, PublicOnlyResolver)
+    assert registry.own_calls_for(NO_PRIVATE_NETWORKS) is registry.own_calls
+    assert registry.own_calls_for(LOOPBACK) is registry.connections_for(LOOPBACK)
+
+
 async def test_every_pool_verifies_tls_with_the_one_context_of_the_process(registry: Upstreams) -> None:
     contexts = {id(pool._tls) for pool in (registry.connections, registry.connections_for(VPC))}
     assert len(contexts) == 1  # no pool loads the CA certificates again (40 ms of the loop each)
@@ -53,7 +64,8 @@ async def test_with_the_switch_on_everything_shares_one_pool_that_dials_any_addr
     registry = Upstreams(allow_private=True)
     try:
         assert registry.connections_for(LOOPBACK) is registry.connections
-        assert type(registry.connections.resolver) is SystemResolver
+        assert registry.own_calls_for(LOOPBACK) is registry.own_calls
+        assert type(registry.connections.resolver) is type(registry.own_calls.resolver) is SystemResolver
         assert not registry.refuses("http://169.254.169.254/latest", NO_PRIVATE_NETWORKS)
     finally:
         await registry.close()
@@ -84,7 +96,12 @@ async def test_beyond_the_bound_the_least_recently_used_pool_is_retired_and_open
 
 
 async def test_closing_closes_every_pool(registry: Upstreams) -> None:
-    pools = [registry.connections, registry.connections_for(LOOPBACK), registry.connections_for(VPC)]
+    pools = [
+        registry.connections,
+        registry.own_calls,
+        registry.connections_for(LOOPBACK),
+        registry.connections_for(VPC),
+    ]
     await registry.close()
     assert all(pool.closed for pool in pools)
     assert registry.exception_pools == 0

@@ -32,6 +32,7 @@ from pydantic import ValidationError
 
 from credgate.app import create_app
 from credgate.config import Settings
+from credgate.proxy.guard import NonPublicAddress
 from credgate.services.context import Context
 from credgate.specs import OAuth2ClientCredentialsAuth
 from tests.conftest import POSTGRES_URL, REQUIRE_POSTGRES
@@ -100,9 +101,9 @@ class Network:
     """DNS answers the test chooses (`answer`), public names routed to loopback stand-ins (`publish`), and a
     firewall that refuses every other address beyond loopback, recording the attempt in `refused`.
 
-    It replaces the event loop's `getaddrinfo` and `sock_connect`: aiohttp's resolver asks the first, and its
-    connector dials with the second, so `queries` and `dials` are exactly what the gateway looked up and
-    where it connected."""
+    It replaces the event loop's `getaddrinfo` and `sock_connect`: the upstream client's resolver asks the first,
+    and it dials with the second, so `queries` and `dials` are exactly what the gateway looked up and where it
+    connected."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.answers: dict[str, list[list[str]]] = {}
@@ -832,4 +833,24 @@ async def test_ss10_a_token_endpoints_redirect_is_not_followed(
         ("/token1", "auth.public.test"),
     ]
     assert all(seen.authorization and seen.authorization.startswith("Basic ") for seen in provider.seen)
+    assert (canary.hits, network.refused) == (0, [])
+
+
+async def test_ss11_the_gateways_own_calls_reach_public_addresses_only(
+    settings: Settings, ctx: Context, canary: Canary, network: Network
+) -> None:
+    """Webhooks and identity providers' keys (JWKS) go through the guard as proxied requests do: a loopback URL in
+    any spelling, or a name that resolves to loopback when the call is made, never reaches the canary."""
+    network.answer("hooks.rebind.test", ["127.0.0.1"])
+    hosts = ("127.0.0.1", "[::1]", "2130706433", "127.0.0.2", "hooks.rebind.test")
+    gateway = create_app(guarded(settings), context=ctx)
+    async with serving(gateway, guarded(settings)):
+        proxy = gateway.proxy
+        assert proxy is not None
+        for host in hosts:
+            url = f"http://{host}:{canary.port}/hook"
+            with pytest.raises(NonPublicAddress):
+                await proxy.post_event(url, b"{}", [("Content-Type", "application/json")])
+            with pytest.raises(NonPublicAddress):
+                await proxy._fetch_keys(url)
     assert (canary.hits, network.refused) == (0, [])

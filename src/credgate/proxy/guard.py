@@ -19,6 +19,10 @@ class Resolver(Protocol):
         """The addresses `host` may be reached at; raises OSError when there is none, or none allowed."""
         ...
 
+    def admits(self, address: str) -> bool:
+        """Whether a literal address (a URL's host, dialled without asking the resolver) may be reached."""
+        ...
+
 
 class SystemResolver:
     """The machine's resolver (getaddrinfo, in the event loop's threads): any address it answers."""
@@ -35,6 +39,9 @@ class SystemResolver:
             addresses.append((address, family))
         return addresses
 
+    def admits(self, address: str) -> bool:
+        return True
+
 
 class PublicOnlyResolver:
     """Resolves as usual; a private name, or any non-public address in the answer, is a connection error (a
@@ -50,6 +57,9 @@ class PublicOnlyResolver:
         if not all(is_public(address) for address, _ in addresses):
             raise NonPublicAddress(f"{host} resolves to a non-public address")
         return addresses
+
+    def admits(self, address: str) -> bool:
+        return is_public(address)
 
 
 class PrivateNetworksResolver:
@@ -70,3 +80,6 @@ class PrivateNetworksResolver:
         if not all(self.exceptions.admits(address, listed_name=listed_name) for address, _ in addresses):
             raise NonPublicAddress(f"{host} resolves to an address outside the integration's exceptions")
         return addresses
+
+    def admits(self, address: str) -> bool:
+        return self.exceptions.admits(address)

@@ -116,7 +116,7 @@ class TokenBroker:
             form, headers = _jwt_bearer_request(assertion)
         else:
             form, headers = _token_request(spec, secret)
-        pool = self._upstreams.connections_for(integration.private_networks)
+        pool = self._upstreams.own_calls_for(integration.private_networks)
         try:
             async with asyncio.timeout(_FETCH_TIMEOUT_SECONDS):
                 response = await pool.request("POST", URL(spec.token_url), headers, urlencode(form).encode())

@@ -4,6 +4,7 @@ exactly as received. After `http.response.start` an error can only abort the res
 """
 
 import asyncio
+import contextlib
 import functools
 import logging
 import time
@@ -98,6 +99,7 @@ _VERIFY_TIMEOUT_SECONDS = 15
 _WEBHOOK_TIMEOUT_SECONDS = 10
 _JWKS_TIMEOUT_SECONDS = 10
 _MAX_JWKS_BYTES = 1 << 20
+_MAX_VERIFY_BODY_BYTES = 1 << 20
 _MAX_REMEMBERED_GRANTS = 100_000
 UNAUTHORIZED_MESSAGE = "invalid project token or expired authentication"
 # RFC 6750: a 401 names the scheme the client should use.
@@ -374,7 +376,7 @@ class ProxyApp:
         if self.upstreams.refuses(url, NO_PRIVATE_NETWORKS):
             raise NonPublicAddress("the identity provider's address is not public")
         async with asyncio.timeout(_JWKS_TIMEOUT_SECONDS):
-            response = await self.upstreams.connections.request("GET", URL(url), [("Accept", "application/json")])
+            response = await self.upstreams.own_calls.request("GET", URL(url), [("Accept", "application/json")])
             try:
                 if response.status != 200:
                     raise ValueError(f"the identity provider answered {response.status}")
@@ -655,7 +657,9 @@ class ProxyApp:
                     plan.method, URL(plan.url, encoded=True), headers
                 )
                 try:
-                    await response.read()
+                    # Read to its end to keep the connection; a longer body (a long list of models) is left unread.
+                    with contextlib.suppress(ValueError):
+                        await response.read(limit=_MAX_VERIFY_BODY_BYTES)
                 finally:
                     response.release()
             return verdict(response.status)
@@ -669,8 +673,8 @@ class ProxyApp:
         if self.upstreams.refuses(url, NO_PRIVATE_NETWORKS):
             raise NonPublicAddress("the webhook's address is not public")
         async with asyncio.timeout(_WEBHOOK_TIMEOUT_SECONDS):
-            response = await self.upstreams.connections.request("POST", URL(url), headers, body)
-        response.release()  # its body is not read (it could be endless): the connection is closed
+            response = await self.upstreams.own_calls.request("POST", URL(url), headers, body)
+        response.release()  # its body is not read (it could be endless): unless it came whole, the connection closes
         return response.status
 
     async def _prepare(

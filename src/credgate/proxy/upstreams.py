@@ -1,7 +1,8 @@
 """The upstream side: which connections serve an integration's calls (proxied requests, key verifications, OAuth
-token fetches), identity providers' keys and webhooks: the public-only pool that every integration without
-exceptions shares (and identity providers and webhooks use), or one per distinct list of exceptions (an
-integration's `private_networks`).
+token fetches): the public-only pool that every integration without exceptions shares, or one per distinct list of
+exceptions (an integration's `private_networks`). The gateway's own calls (OAuth token fetches without exceptions,
+identity providers' keys, webhooks) have a public-only pool apart, so that a proxy at its connection limit (a
+thousand streams open, say) holds none of them up.
 
 A pool keeps connections, and DNS answers, by host and port. Were two integrations to call the same host:port
 through one pool, a connection opened under one's exception would serve the other, which has none. So each list
@@ -18,11 +19,12 @@ from typing import Generic, TypeVar
 from yarl import URL
 
 from credgate.netguard import PrivateNetworks
-from credgate.proxy.guard import PrivateNetworksResolver, PublicOnlyResolver
+from credgate.proxy.guard import PrivateNetworksResolver, PublicOnlyResolver, Resolver, SystemResolver
 from credgate.proxy.http_client import Connections
 
 # Distinct lists with a pool open at once; beyond that the least recently used one is retired.
 MAX_EXCEPTION_POOLS = 64
+OWN_CALLS_LIMIT = 100  # connections open at once for the gateway's own calls
 _MAX_REMEMBERED_URLS = 10_000
 _Opened = TypeVar("_Opened")
 
@@ -88,9 +90,8 @@ class Upstreams:
         self._allow_private = allow_private
         self._ports = ports
         self._max_connections = max_connections
-        self.connections = Connections(
-            None if allow_private else PublicOnlyResolver(), tls=tls_context(), limit=max_connections
-        )
+        self.connections = Connections(self._public_resolver(), tls=tls_context(), limit=max_connections)
+        self.own_calls = Connections(self._public_resolver(), tls=tls_context(), limit=OWN_CALLS_LIMIT)
         self._pools = _MostRecent(max_pools, self._open_pool, Connections.retire)
         self._refused: dict[tuple[str, PrivateNetworks], bool] = {}
         self._refused_ports: dict[str, int | None] = {}
@@ -107,6 +108,17 @@ class Upstreams:
         if self._allow_private or not exceptions:
             return self.connections
         return self._pools.get(exceptions)
+
+    def own_calls_for(self, exceptions: PrivateNetworks) -> Connections:
+        """The pool for a call of the gateway's own on an integration's behalf (an OAuth token): the shared one of
+        such calls when the integration has no exceptions, else its list's pool (which only that list's resolver
+        may dial through)."""
+        if self._allow_private or not exceptions:
+            return self.own_calls
+        return self._pools.get(exceptions)
+
+    def _public_resolver(self) -> Resolver:
+        return SystemResolver() if self._allow_private else PublicOnlyResolver()
 
     def _open_pool(self, exceptions: PrivateNetworks) -> Connections:
         return Connections(PrivateNetworksResolver(exceptions), tls=tls_context(), limit=self._max_connections)
@@ -139,5 +151,5 @@ class Upstreams:
 
     async def close(self) -> None:
         """Close every pool (what is streaming is cut)."""
-        for pool in [self.connections, *self._pools.take_all()]:
+        for pool in [self.connections, self.own_calls, *self._pools.take_all()]:
             await pool.close()
