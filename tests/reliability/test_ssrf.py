@@ -836,7 +836,7 @@ async def test_ss10_a_token_endpoints_redirect_is_not_followed(
     assert (canary.hits, network.refused) == (0, [])
 
 
-async def test_ss11_the_gateways_own_calls_reach_public_addresses_only(
+async def test_ss10_webhooks_and_identity_providers_keys_reach_public_addresses_only(
     settings: Settings, ctx: Context, canary: Canary, network: Network
 ) -> None:
     """Webhooks and identity providers' keys (JWKS) go through the guard as proxied requests do: a loopback URL in
