@@ -378,6 +378,14 @@ async def test_a_literal_address_is_judged_by_the_pools_guard_too(serve: Serve) 
         await listed.close()
 
 
+async def test_an_ipv6_literals_scope_is_read_as_a_url_spells_it() -> None:
+    """RFC 6874: the scope's % is spelt %25 in a URL (the literal reaches the pool as yarl's raw host)."""
+    pool = Connections(SystemResolver(), tls=tls_context())
+    for spelt, address in (("fe80::1%25eth0", "fe80::1%eth0"), ("fe80::1%254", "fe80::1%4"), ("::1", "::1")):
+        url = URL(f"http://[{spelt}]:8080/v1", encoded=True)
+        assert await pool._addresses(url.raw_host or "", 8080) == [(address, socket.AF_INET6)]
+
+
 class Answers:
     def __init__(self, *addresses: Address) -> None:
         self.addresses = list(addresses)

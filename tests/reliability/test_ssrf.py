@@ -853,4 +853,5 @@ async def test_ss10_webhooks_and_identity_providers_keys_reach_public_addresses_
                 await proxy.post_event(url, b"{}", [("Content-Type", "application/json")])
             with pytest.raises(NonPublicAddress):
                 await proxy._fetch_keys(url)
+    assert network.queries == ["hooks.rebind.test", "hooks.rebind.test"]  # judged by its answer, at each call
     assert (canary.hits, network.refused) == (0, [])

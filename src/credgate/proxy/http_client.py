@@ -471,21 +471,25 @@ class Connections:
                     raise UpstreamError(f"{key[1]} has no address")
                 return await self._open_connection(key, addresses)
         except TimeoutError:
-            raise UpstreamError(f"no connection to {key[1]} within {CONNECT_TIMEOUT_SECONDS:.0f} s") from None
+            # This timeout, or the system's own connect timeout before it (ETIMEDOUT): the same failure.
+            raise UpstreamError(f"no connection to {key[1]}: timed out") from None
 
     async def _open_connection(self, key: tuple[str, str, int], addresses: list[Address]) -> _Connection:
         """Dial the addresses as Happy Eyeballs does (RFC 8305): the next one tried 0.25 s after the last if it has
-        not answered yet, IPv6 and IPv4 taken in turn, so that a family the network silently drops costs a fraction
-        of a second rather than the whole connect timeout."""
+        not answered yet, the families taken in turn (the resolver's first first), so that a family the network
+        silently drops costs a fraction of a second rather than the whole connect timeout."""
         connection = _Connection(self, key)
         self._open.add(connection)
         tls = key[0] == "https"
         try:
-            sock = await aiohappyeyeballs.start_connection(
-                [_address_info(address, family, key[2]) for address, family in addresses],
-                happy_eyeballs_delay=HAPPY_EYEBALLS_DELAY_SECONDS,
-                interleave=1,
-            )
+            try:
+                sock = await aiohappyeyeballs.start_connection(
+                    [_address_info(address, family, key[2]) for address, family in addresses],
+                    happy_eyeballs_delay=HAPPY_EYEBALLS_DELAY_SECONDS,
+                    interleave=1,
+                )
+            except RuntimeError as error:  # uvloop's way to refuse an address: a connection error like any other
+                raise UpstreamError(f"no connection to {key[1]}") from error
             try:
                 await asyncio.get_running_loop().create_connection(
                     lambda: connection,
@@ -505,7 +509,7 @@ class Connections:
         """Where `host` may be reached: a literal address as it is, if the resolver's guard admits it (the proxy
         judged its spelling before: this is the second check); a name as the resolver answers it, the answer kept
         for DNS_TTL_SECONDS."""
-        literal = unquote(host[1:-1]) if host.startswith("[") else host  # an IPv6 scope's % is spelt %25 in a URL
+        literal = unquote(host) if ":" in host else host  # an IPv6 literal's scope: its % is spelt %25 in a URL
         try:
             address = ipaddress.ip_address(literal)
         except ValueError:
@@ -556,6 +560,8 @@ def _address_info(address: str, family: int, port: int) -> aiohappyeyeballs.Addr
     if family == socket.AF_INET6:
         host, _, scope = address.partition("%")
         scope_id = int(scope) if scope.isdigit() else socket.if_nametoindex(scope) if scope else 0
+        # The scope in the host too: uvloop's connect reads only the host and the port of the address.
+        host = f"{host}%{scope_id}" if scope_id else host
         return (family, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", (host, port, 0, scope_id))
     return (family, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", (address, port))
 
