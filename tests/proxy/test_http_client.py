@@ -351,6 +351,33 @@ async def test_requests_beyond_the_limit_wait_for_a_connection_to_be_released(se
         await pool.close()
 
 
+class SlowAnswers:
+    """Answers 127.0.0.1 after a while: requests connecting at once all wait on the resolver together."""
+
+    async def resolve(self, host: str, port: int) -> list[Address]:
+        await asyncio.sleep(0.1)
+        return [("127.0.0.1", socket.AF_INET)]
+
+    def admits(self, address: str) -> bool:
+        return True
+
+
+async def test_requests_connecting_at_once_keep_the_limit(serve: Serve) -> None:
+    """A connection takes its place in the limit before it waits on the resolver or the dial, not once open."""
+    pool = Connections(SlowAnswers(), tls=tls_context(), limit=2)
+    upstream, url = await serve(lambda _request: OK)
+    try:
+        requests = [asyncio.ensure_future(pool.request("GET", url.with_host("upstream.test"), [])) for _ in range(5)]
+        await asyncio.sleep(0.3)
+        assert sum(request.done() for request in requests) == 2
+        assert pool.in_use == 2
+        for request in requests:
+            assert await body_of(await asyncio.wait_for(request, 5)) == b"{}"
+        assert upstream.connections == 2
+    finally:
+        await pool.close()
+
+
 async def test_a_name_that_resolves_to_a_private_address_is_refused_by_the_public_resolver() -> None:
     pool = Connections(PublicOnlyResolver(), tls=tls_context())
     try:

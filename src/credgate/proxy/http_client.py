@@ -464,46 +464,51 @@ class Connections:
         # Over the limit with idle connections to other upstreams: the oldest of them makes room.
         while len(self._open) >= self.limit and self._close_oldest_idle():
             pass
+        connection = _Connection(self, key)
+        self._open.add(connection)  # its place taken before any wait: requests connecting at once keep the limit
         try:
             async with asyncio.timeout(CONNECT_TIMEOUT_SECONDS):
                 addresses = await self._addresses(key[1], key[2])
                 if not addresses:
                     raise UpstreamError(f"{key[1]} has no address")
-                return await self._open_connection(key, addresses)
+                await self._dial(connection, addresses)
         except TimeoutError:
+            self.forget(connection)
             # This timeout, or the system's own connect timeout before it (ETIMEDOUT): the same failure.
             raise UpstreamError(f"no connection to {key[1]}: timed out") from None
-
-    async def _open_connection(self, key: tuple[str, str, int], addresses: list[Address]) -> _Connection:
-        """Dial the addresses as Happy Eyeballs does (RFC 8305): the next one tried 0.25 s after the last if it has
-        not answered yet, the families taken in turn (the resolver's first first), so that a family the network
-        silently drops costs a fraction of a second rather than the whole connect timeout."""
-        connection = _Connection(self, key)
-        self._open.add(connection)
-        tls = key[0] == "https"
-        try:
-            try:
-                sock = await aiohappyeyeballs.start_connection(
-                    [_address_info(address, family, key[2]) for address, family in addresses],
-                    happy_eyeballs_delay=HAPPY_EYEBALLS_DELAY_SECONDS,
-                    interleave=1,
-                )
-            except RuntimeError as error:  # uvloop's way to refuse an address: a connection error like any other
-                raise UpstreamError(f"no connection to {key[1]}") from error
-            try:
-                await asyncio.get_running_loop().create_connection(
-                    lambda: connection,
-                    sock=sock,
-                    ssl=self._tls if tls else None,
-                    server_hostname=key[1].rstrip(".") if tls else None,
-                )
-            except BaseException:
-                sock.close()
-                raise
         except BaseException:
             self.forget(connection)
             raise
+        if connection.closed:  # closed as it opened (by the upstream, or the pool's close)
+            if connection.transport is not None:
+                connection.transport.abort()
+            raise UpstreamClosed(f"the connection to {key[1]} closed as it opened")
         return connection
+
+    async def _dial(self, connection: _Connection, addresses: list[Address]) -> None:
+        """Dial the addresses as Happy Eyeballs does (RFC 8305): the next one tried 0.25 s after the last if it has
+        not answered yet, the families taken in turn (the resolver's first first), so that a family the network
+        silently drops costs a fraction of a second rather than the whole connect timeout."""
+        scheme, host, port = connection.key
+        try:
+            sock = await aiohappyeyeballs.start_connection(
+                [_address_info(address, family, port) for address, family in addresses],
+                happy_eyeballs_delay=HAPPY_EYEBALLS_DELAY_SECONDS,
+                interleave=1,
+            )
+        except RuntimeError as error:  # uvloop's way to refuse an address: a connection error like any other
+            raise UpstreamError(f"no connection to {host}") from error
+        tls = scheme == "https"
+        try:
+            await asyncio.get_running_loop().create_connection(
+                lambda: connection,
+                sock=sock,
+                ssl=self._tls if tls else None,
+                server_hostname=host.rstrip(".") if tls else None,
+            )
+        except BaseException:
+            sock.close()
+            raise
 
     async def _addresses(self, host: str, port: int) -> list[Address]:
         """Where `host` may be reached: a literal address as it is, if the resolver's guard admits it (the proxy
