@@ -25,6 +25,11 @@ KEY = "sk-bench-not-a-real-key-000000000000"
 PROBE_PREFIX = "credgate-bench-probe "  # bench/instrumented_serve.py's report line
 
 
+def require_wrk() -> None:
+    if not shutil.which("wrk"):
+        sys.exit("the benchmark needs wrk: apt-get install wrk")
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

@@ -28,6 +28,7 @@ from harness import (
     gateway_env,
     peak_rss_mb,
     pinned,
+    require_wrk,
     rss_mb,
     start_upstream,
     store_section,
@@ -54,8 +55,7 @@ def main() -> None:
     parser.add_argument("--duration", type=int, default=5, help="seconds of each proxy load")
     parser.add_argument("--write", action="store_true", help="write the table into bench/RESULTS.md")
     options = parser.parse_args()
-    if not shutil.which("wrk"):
-        sys.exit("the benchmark needs wrk: apt-get install wrk")
+    require_wrk()
 
     work = Path(tempfile.mkdtemp(prefix="credgate-memory-"))
     upstream_port, port = free_port(), free_port()

@@ -59,6 +59,7 @@ from harness import (
     peak_rss_mb,
     pinned,
     probe_ms,
+    require_wrk,
     rss_mb,
     start_upstream,
     store_section,
@@ -330,8 +331,7 @@ def main() -> None:
     parser.add_argument("--soak", type=int, default=0, help="also run load this many seconds, sampling RSS")
     parser.add_argument("--write", action="store_true", help="write bench/RESULTS.md")
     options = parser.parse_args()
-    if not shutil.which("wrk"):
-        sys.exit("the benchmark needs wrk: apt-get install wrk")
+    require_wrk()
 
     work = Path(tempfile.mkdtemp(prefix="credgate-bench-"))
     upstream_port = free_port()

@@ -54,7 +54,7 @@ class PublicOnlyResolver:
         if refuses_host(host):
             raise NonPublicAddress(f"{host} is not a public host")
         addresses = await self._inner.resolve(host, port)
-        if not all(is_public(address) for address, _ in addresses):
+        if not all(self.admits(address) for address, _ in addresses):
             raise NonPublicAddress(f"{host} resolves to a non-public address")
         return addresses
 

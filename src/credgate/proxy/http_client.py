@@ -393,6 +393,17 @@ class Connections:
         connection = self._idle_connection(key) or await self._connect(key)
         return await connection.send(head, data, head_only=method == "HEAD", chunked=chunked)
 
+    async def fetch(
+        self, method: str, url: URL, headers: list[Header], data: bytes | None = None, *, limit: int
+    ) -> tuple[int, bytes]:
+        """A small exchange (a token, a key set): the response's status and its whole body, over `limit` bytes a
+        ValueError; the connection released either way."""
+        response = await self.request(method, url, headers, data)
+        try:
+            return response.status, await response.read(limit=limit)
+        finally:
+            response.release()
+
     def put_back(self, connection: _Connection) -> None:
         if self.closed:
             connection.abort()

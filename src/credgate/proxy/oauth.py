@@ -119,12 +119,9 @@ class TokenBroker:
         pool = self._upstreams.own_calls_for(integration.private_networks)
         try:
             async with asyncio.timeout(_FETCH_TIMEOUT_SECONDS):
-                response = await pool.request("POST", URL(spec.token_url), headers, urlencode(form).encode())
-                try:
-                    body = await response.read(limit=_MAX_ANSWER_BYTES)
-                finally:
-                    response.release()
-            status = response.status
+                status, body = await pool.fetch(
+                    "POST", URL(spec.token_url), headers, urlencode(form).encode(), limit=_MAX_ANSWER_BYTES
+                )
         except NonPublicAddress:
             raise BadGateway(f"{provider}: the token endpoint's address is not public; refused") from None
         except (OSError, ValueError) as error:  # TimeoutError among them

@@ -376,13 +376,12 @@ class ProxyApp:
         if self.upstreams.refuses(url, NO_PRIVATE_NETWORKS):
             raise NonPublicAddress("the identity provider's address is not public")
         async with asyncio.timeout(_JWKS_TIMEOUT_SECONDS):
-            response = await self.upstreams.own_calls.request("GET", URL(url), [("Accept", "application/json")])
-            try:
-                if response.status != 200:
-                    raise ValueError(f"the identity provider answered {response.status}")
-                return await response.read(limit=_MAX_JWKS_BYTES)
-            finally:
-                response.release()
+            status, body = await self.upstreams.own_calls.fetch(
+                "GET", URL(url), [("Accept", "application/json")], limit=_MAX_JWKS_BYTES
+            )
+        if status != 200:
+            raise ValueError(f"the identity provider answered {status}")
+        return body
 
     async def _listed_anywhere(self, origin: str) -> bool:
         """Whether some project lists `origin`: what a request without a usable token (a preflight, a 401) can
