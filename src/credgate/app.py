@@ -258,6 +258,16 @@ def _control_app() -> "FastAPI":
         openapi_url="/api/v1/openapi.json",
         docs_url=None,
         redoc_url=None,
+        # FastAPI (0.142 on) traces, measures and logs each request once a process-wide OpenTelemetry provider
+        # exists, as `opentelemetry-instrument` sets one: the panel's URLs, the setup link's token among them, would
+        # be exported. credgate's own spans cover the proxy; the admin plane sends nothing.
+        telemetry={
+            "tracing": False,
+            "metrics": False,
+            "logs": False,
+            "operation_spans": False,
+            "auto_configure": False,
+        },
     )
     install_error_handlers(control)
     control.include_router(admin_api_router)

@@ -3,6 +3,7 @@ OTLP/HTTP, received here by a collector stand-in that decodes what arrives with 
 
 import asyncio
 import gzip
+import re
 import secrets
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
@@ -205,6 +206,47 @@ async def test_refusals_and_an_unreachable_upstream_are_spans_too_and_carry_no_s
     assert (unreached.parent_span_id, unreached.attributes["error.type"]) == (failed.span_id, "unreachable")
     assert unreached.error
     assert_no_secret(collector, project)
+
+
+# What `opentelemetry-instrument` does at a process's start: a process-wide tracer provider, here exporting each span
+# as it ends, to the collector the gateway's own tracing uses.
+PROCESS_WIDE_TRACER = """
+from opentelemetry import trace
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+provider = TracerProvider()
+provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter()))
+trace.set_tracer_provider(provider)
+"""
+
+
+async def test_the_admin_plane_sends_no_span_even_under_a_process_wide_tracer(
+    tmp_path: Path, collector: Collector
+) -> None:
+    # FastAPI traces every request of its own once such a provider exists: the setup link's token would be exported.
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(PROCESS_WIDE_TRACER)
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": collector.url, "OTEL_BSP_SCHEDULE_DELAY": "50", "PYTHONPATH": str(site)}
+    process, gateway = start_gateway(tmp_path / "data", tmp_path / "gateway.log", env)
+    try:
+        found = re.search(r"http://\S+/admin/setup\?token=(\S+)", gateway.log.read_text())
+        assert found is not None
+        setup_link, setup_token = found.group(0), found.group(1)
+        async with httpx.AsyncClient(timeout=10) as client:
+            page = await client.get(setup_link)
+            api = await client.get(f"{gateway.url}/api/v1/projects", headers={"authorization": "Bearer cga_wrong"})
+            proxied = await client.get(f"{gateway.url}/proxy/openai/models")
+        assert (page.status_code, api.status_code, proxied.status_code) == (200, 401, 401)
+        spans = await collector.wait_for(1)  # the proxy's, after the others: those would have gone out as they ended
+    finally:
+        stop_gateway(process, gateway)
+    assert [span.attributes["url.path"] for span in spans] == ["/proxy/openai/models"]
+    exported = b"".join(collector.raw)
+    SWEEP.capture("otlp export", exported.decode("latin-1"))
+    assert setup_token.encode() not in exported
 
 
 def assert_no_secret(collector: Collector, project: Project) -> None:
