@@ -100,6 +100,9 @@ class Database:
                 parsed,
                 connect_args={**bounds, **(connect_args or {})},
                 pool_pre_ping=not self.is_sqlite,
+                # An error names its statement without the values bound to it (ciphertexts, token hashes, a panel
+                # session's CSRF token): errors are logged with their text.
+                hide_parameters=True,
                 **engine_options,
             )
         except ModuleNotFoundError as missing:
@@ -198,7 +201,10 @@ class Database:
             yield self.engine
             return
         engine = create_async_engine(
-            self._url, connect_args={**self._connect_args, "command_timeout": None}, poolclass=NullPool
+            self._url,
+            connect_args={**self._connect_args, "command_timeout": None},
+            poolclass=NullPool,
+            hide_parameters=True,  # as the engine's
         )
         try:
             yield engine
