@@ -64,3 +64,9 @@ async def test_readme_quickstart_works_as_written(gateway: RunningGateway, upstr
     assert second["key"] == first["key"]  # the stored key was kept, not re-entered
     assert completion["object"] == "chat.completion"
     assert upstream.last.header("authorization") == "Bearer sk-your-openai-key"
+
+
+def test_a_first_start_logs_its_migrations_but_not_alembic_setting_itself_up(gateway: RunningGateway) -> None:
+    log = gateway.log.read_text()  # the gateway logs at DEBUG
+    assert "Running upgrade  -> 0001, initial schema" in log
+    assert "setup plugin" not in log
