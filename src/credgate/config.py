@@ -39,6 +39,9 @@ class Settings(BaseModel):
     admin_port: int | None = Field(default=None, ge=1, le=65535)
     # `credgate serve` processes sharing the listening socket: about one per core (README, Running several workers).
     workers: int = Field(default=1, ge=1, le=MAX_WORKERS)
+    # Each worker on a core of its own, the CPUs this process may use taken in turn: for a machine (or cpuset) the
+    # gateway has to itself (README, Several workers).
+    pin_workers: bool = False
     allow_private_upstreams: bool = False
     # The ports a public upstream (base URL, OAuth token URL) may be reached on, comma-separated. Hosts listed in an
     # integration's private_networks, and every host while CREDGATE_ALLOW_PRIVATE_UPSTREAMS is on, may use any.

@@ -475,12 +475,28 @@ def listen(listeners: list[socket.socket]) -> None:
         listener.listen(BACKLOG)
 
 
+def worker_cores(settings: Settings) -> list[int] | None:
+    """The cores the workers are pinned to in turn (CREDGATE_PIN_WORKERS): the CPUs this process may use; None
+    when they are not pinned. Worker i runs on core `i % len(cores)`, a replacement on its predecessor's."""
+    if not settings.pin_workers:
+        return None
+    if not hasattr(os, "sched_setaffinity"):
+        raise StartupError("CREDGATE_PIN_WORKERS needs a system that pins processes to cores (Linux)")
+    return sorted(os.sched_getaffinity(0))
+
+
+def pin_to_core(core: int) -> None:
+    """This process on `core` only, the threads it starts from now on with it. A worker's event loop and its
+    database thread then share one core's caches, and hand the GIL to each other there."""
+    os.sched_setaffinity(0, {core})
+
+
 def run_workers(settings: Settings, build: GatewayFactory, listeners: Listeners, *, database_id: str) -> None:
     """Serve with `settings.workers` processes on `listeners` (from `bind_listeners`), once the caller has opened,
     checked and migrated database `database_id`. A worker that dies is replaced; SIGTERM or SIGINT drains every
     worker and returns. StartupError when a worker could not start (the supervisor then stops them all)."""
     config = WorkerConfig(settings, build, database_id)
-    supervisor = _Supervisor(config, listeners)
+    supervisor = _Supervisor(config, listeners, worker_cores(settings))
     # The workers' metrics, summed by whichever worker answers /metrics: a folder of this run's own.
     metrics_dir = None
     if metrics.MULTIPROCESS_DIR not in os.environ:
@@ -564,8 +580,8 @@ class WorkerConfig(uvicorn.Config):
     """A worker's uvicorn configuration. The supervisor pickles it into every worker it spawns: what crosses is
     only what rebuilds it there, since neither the protocol class (made at run time) nor the app pickles."""
 
-    def __init__(self, settings: Settings, build: GatewayFactory, database_id: str) -> None:
-        self.recipe = (settings, build, database_id)
+    def __init__(self, settings: Settings, build: GatewayFactory, database_id: str, core: int | None = None) -> None:
+        self.recipe = (settings, build, database_id, core)
         super().__init__(
             WorkerApp(settings, build, database_id),
             **_options(settings),
@@ -574,15 +590,25 @@ class WorkerConfig(uvicorn.Config):
             timeout_worker_healthcheck=WORKER_HEALTHCHECK_SECONDS,
         )
 
-    def __reduce__(self) -> tuple[Callable[..., "WorkerConfig"], tuple[Settings, GatewayFactory, str]]:
+    def on_core(self, core: int) -> "WorkerConfig":
+        """The configuration of a worker that pins itself to `core` as it starts."""
+        settings, build, database_id, _ = self.recipe
+        return WorkerConfig(settings, build, database_id, core)
+
+    def __reduce__(self) -> tuple[Callable[..., "WorkerConfig"], tuple[Settings, GatewayFactory, str, int | None]]:
         return _worker_process_config, self.recipe
 
 
-def _worker_process_config(settings: Settings, build: GatewayFactory, database_id: str) -> WorkerConfig:
-    """Run when a new worker process unpickles its configuration: set the process up as `credgate serve` does."""
+def _worker_process_config(
+    settings: Settings, build: GatewayFactory, database_id: str, core: int | None
+) -> WorkerConfig:
+    """Run when a new worker process unpickles its configuration, before it starts a thread: set the process up
+    as `credgate serve` does."""
+    if core is not None:
+        pin_to_core(core)
     configure_logging(settings)
     exit_zero_on_sigterm()
-    return WorkerConfig(settings, build, database_id)
+    return WorkerConfig(settings, build, database_id, core)
 
 
 class _Supervisor(Multiprocess):
@@ -590,12 +616,15 @@ class _Supervisor(Multiprocess):
     the connections that came meanwhile wait), the listeners closed when the workers are told to stop, and its
     wait for them bounded by the drain (it waits for ever). The number of workers is the one it started with."""
 
-    def __init__(self, config: uvicorn.Config, listeners: Listeners) -> None:
+    def __init__(self, config: WorkerConfig, listeners: Listeners, cores: list[int] | None) -> None:
         super().__init__(config, sockets=listeners.all())
         self.listeners = listeners
+        self.configs = [
+            config if cores is None else config.on_core(cores[i % len(cores)]) for i in range(config.workers)
+        ]
 
     def _started(self, index: int) -> Process:
-        process = Process(self.config, self.listeners.of_worker(index))
+        process = Process(self.configs[index], self.listeners.of_worker(index))
         process.start()
         return process
 

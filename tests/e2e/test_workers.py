@@ -146,6 +146,48 @@ async def test_each_worker_accepts_from_a_listening_socket_of_its_own(served: Se
     assert listening_sockets(served.process.pid, served.port) == set().union(*sockets.values())  # the parent keeps them
 
 
+def cores_of(pid: int) -> set[int]:
+    """The CPUs that every thread of process `pid` may run on (a worker's database thread among them); fails when
+    its threads differ."""
+    (cores,) = {frozenset(os.sched_getaffinity(int(thread))) for thread in os.listdir(f"/proc/{pid}/task")}
+    return set(cores)
+
+
+async def test_workers_are_not_pinned_unless_asked(served: Served) -> None:
+    workers = await served.wait_for_workers(WORKERS)
+    assert [cores_of(worker) for worker in workers] == [os.sched_getaffinity(0)] * WORKERS
+
+
+async def test_pinned_workers_each_run_on_a_core_of_their_own_and_a_replacement_on_its_predecessors(
+    tmp_path: Path,
+) -> None:
+    cores = sorted(os.sched_getaffinity(0))
+    running = serve(tmp_path, CREDGATE_PIN_WORKERS="true")
+    try:
+        workers = await running.wait_for_workers(WORKERS)
+        core_of = {worker: cores_of(worker) for worker in workers}
+        parent = cores_of(running.process.pid)
+        killed = next(worker for worker, pinned in core_of.items() if pinned == {cores[0]})
+        os.kill(killed, signal.SIGKILL)
+        (replacement,) = await running.wait_for_workers(1, besides=workers)
+        replaced_on = cores_of(replacement)
+    finally:
+        stop(running)
+    assert sorted(core_of.values(), key=min) == [{cores[index % len(cores)]} for index in range(WORKERS)]
+    assert replaced_on == {cores[0]}
+    assert parent == set(cores)  # the supervisor, which serves nothing, stays free
+
+
+async def test_one_pinned_process_serves_on_the_first_core(tmp_path: Path) -> None:
+    extra = {"CREDGATE_PIN_WORKERS": "true"}
+    process, gateway = start_gateway(tmp_path / "data", tmp_path / "gateway.log", extra)
+    try:
+        pinned = cores_of(process.pid)
+    finally:
+        stop_gateway(process, gateway)
+    assert pinned == {min(os.sched_getaffinity(0))}
+
+
 async def test_connections_opened_at_once_are_spread_over_the_workers(served: Served) -> None:
     """Each worker listens on a socket of its own, and the kernel spreads connections among them by their
     addresses. On one shared socket, whichever worker woke first took a burst whole: of 64, up to 56, once all."""

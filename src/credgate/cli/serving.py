@@ -38,7 +38,15 @@ def serve(settings: Settings, host: str | None, port: int | None, workers: int |
     import uvicorn
 
     from credgate.app import create_app
-    from credgate.server import bind_listeners, configure_logging, exit_zero_on_sigterm, run_workers, server_config
+    from credgate.server import (
+        bind_listeners,
+        configure_logging,
+        exit_zero_on_sigterm,
+        pin_to_core,
+        run_workers,
+        server_config,
+        worker_cores,
+    )
     from credgate.tracing import tracing_requested
 
     settings = settings.model_copy(
@@ -68,6 +76,8 @@ def serve(settings: Settings, host: str | None, port: int | None, workers: int |
         listeners = bind_listeners(settings)  # a port in use fails the start before anything else
         try:
             if settings.workers == 1:
+                if cores := worker_cores(settings):
+                    pin_to_core(cores[0])
                 _run_loop(run_server(listeners.all()))
             else:
                 database_id = asyncio.run(prepare_workers(listeners.all()))
