@@ -79,6 +79,7 @@ BARE_TWO = "bare proxy, 2 processes"
 FLOOR = "bare proxy with the features, plainly"
 FLOOR_TWO = "bare proxy with the features, 2 processes"
 ONE, TWO = "credgate 1 worker", "credgate 2 workers"
+TWO_PINNED = "credgate 2 workers, pinned"
 CHAT = "/proxy/openai/chat/completions"
 REDIS_URL = "redis://127.0.0.1:6379/0"
 CHAT_BODY = '{"model":"gpt-4o-mini","messages":[{"role":"user","content":"Say hello."}]}'
@@ -343,7 +344,7 @@ def main() -> None:
     chat, sse = CHAT, "/proxy/openai/sse"
     bare_port, one_port, two_port, quiet_port = free_port(), free_port(), free_port(), free_port()
     unobserved_port, traced_port, token_port, bare_two_port = free_port(), free_port(), free_port(), free_port()
-    unrecorded_port, floor_port, floor_two_port = free_port(), free_port(), free_port()
+    unrecorded_port, floor_port, floor_two_port, pinned_port = free_port(), free_port(), free_port(), free_port()
     quiet = {**env, "CREDGATE_LOG_LEVEL": "warning"}  # the same gateway without its access log
     without = [sys.executable, str(HERE / "serve_without.py")]
     unobserved = [*without, "metrics", "serve", "--port", str(unobserved_port)]
@@ -368,6 +369,15 @@ def main() -> None:
             sse,
         ),
         System(TWO, [*serve, str(two_port), "--workers", "2"], two_port, chat, sse, env),
+        # Each worker on a core of its own, as the one worker above is on its own (CREDGATE_PIN_WORKERS).
+        System(
+            TWO_PINNED,
+            [*serve, str(pinned_port), "--workers", "2"],
+            pinned_port,
+            chat,
+            sse,
+            {**env, "CREDGATE_PIN_WORKERS": "true"},
+        ),
         System(QUIET, pinned(GATEWAY_CORE, [*serve, str(quiet_port)]), quiet_port, chat, sse, quiet),
         System(UNOBSERVED, pinned(GATEWAY_CORE, unobserved), unobserved_port, chat, sse, quiet),
         System(UNRECORDED, pinned(GATEWAY_CORE, unrecorded), unrecorded_port, chat, sse, env),
@@ -448,7 +458,7 @@ def main() -> None:
         first_bytes = first_bytes_ms(
             [system for system in systems if system.name not in (CLIENT_TOKEN, MINTING)], token, 200
         )
-        measured = [system for system in systems if system.name in (ONE, TWO, CLIENT_TOKEN)]
+        measured = [system for system in systems if system.name in (ONE, TWO, TWO_PINNED, CLIENT_TOKEN)]
         peaks = {system.name: [peak_rss_mb(pid) for pid in system.worker_pids()] for system in measured}
         soak = []
         if options.soak:
@@ -566,7 +576,8 @@ def render(
         "through the full path (token, lookup, allow-list, key injection, limits, usage record, access log, request "
         f"id). The bare proxy (with the features too) and one-worker credgate on core {GATEWAY_CORE}, upstream and "
         f"wrk on core {LOAD_CORE}; "
-        "two-worker credgate and the two-process proxies on both; while one system has the load, the "
+        "two-worker credgate (free, or each worker pinned to a core) and the two-process proxies on both; while "
+        "one system has the load, the "
         f"one-process systems pinned to its cores are stopped. Median of {options.rounds} rounds of "
         f"{options.duration} s; a ratio or a difference of two systems is the median of the rounds' own, the two "
         "measured in the same round.",
@@ -584,6 +595,12 @@ def render(
     checks = [
         ("1 worker / bare proxy at 64 connections", paired(one, bare), "≥ 0.90×", paired(one, bare) >= 0.9),
         ("2 workers / 1 worker at 64 connections", paired(two, one), "≥ 1.70×", paired(two, one) >= 1.7),
+        (
+            "2 workers, each pinned to a core as the 1 worker is, / 1 worker at 64 connections",
+            paired(TWO_PINNED, one),
+            "≥ 1.70×",
+            paired(TWO_PINNED, one) >= 1.7,
+        ),
     ]
     added = added_p50(one)
     cold, after_one, warm = first_bytes
@@ -591,7 +608,9 @@ def render(
     def added_sse(name: str, times: dict[str, float]) -> float:
         return times[name] - times["direct"]
 
-    peak = max(value for name in (one, two) for value in peaks[name])  # the proxy's load (the minting gateway apart)
+    peak = max(
+        value for name in (one, two, TWO_PINNED) for value in peaks[name]
+    )  # the proxy's load (the minting gateway apart)
     lines += [
         "",
         "| target | measured | goal | met |",
@@ -616,7 +635,7 @@ def render(
         f"{added_p50(bare):.2f} ms; SSE first byte added {added_sse(bare, warm):.2f} ms warm, "
         f"{added_sse(bare, after_one):.2f} ms after one request, {added_sse(bare, cold):.2f} ms cold",
         f"- round by round at 64 connections: 1 worker / bare proxy {by_round(one, bare)}; 2 workers / 1 worker "
-        f"{by_round(two, one)}",
+        f"{by_round(two, one)}; 2 pinned workers / 1 worker {by_round(TWO_PINNED, one)}",
         f"- {FLOOR} (bench/floor_proxy.py: the bare proxy plus, per request, a request id, the token looked up by "
         "its hash, an allow-list, an access line, two Prometheus counts and a request-log row, each in its plainest "
         f"cheap form): {paired(FLOOR, bare):.2f}× the bare proxy at 64 connections, {cpu(FLOOR):.0f} µs of CPU a "
@@ -634,10 +653,13 @@ def render(
         f"{ceiling(cpu(bare), cpu(BARE_TWO), load(BARE_TWO)):.2f}× (measured "
         f"{paired(BARE_TWO, bare):.2f}×). Even with c2 = c1, 1.70× needs the load to cost at most "
         f"{2 / 1.7 - 1:.0%} of what the gateway does (here {load(two) / cpu(one):.0%}: at most "
-        f"{ceiling(cpu(one), cpu(one), load(two)):.2f}×)",
+        f"{ceiling(cpu(one), cpu(one), load(two)):.2f}×); for two pinned workers 2 × {cpu(one):.0f} / "
+        f"({cpu(TWO_PINNED):.0f} + {load(TWO_PINNED):.0f}) = "
+        f"{ceiling(cpu(one), cpu(TWO_PINNED), load(TWO_PINNED)):.2f}× (measured {paired(TWO_PINNED, one):.2f}×)",
         f"- CPU a request at 64 connections (user and system time of the serving processes over the run, divided by "
         f"the requests): credgate 1 worker {cpu(one):.0f} µs, bare proxy {cpu(bare):.0f} µs "
-        f"({cpu(one) / cpu(bare):.2f}×); two workers {cpu(two):.0f} µs ({cpu(two) / cpu(one):.2f}× one worker's), the "
+        f"({cpu(one) / cpu(bare):.2f}×); two workers {cpu(two):.0f} µs ({cpu(two) / cpu(one):.2f}× one worker's), "
+        f"two pinned workers {cpu(TWO_PINNED):.0f} µs ({cpu(TWO_PINNED) / cpu(one):.2f}×), the "
         f"bare proxy's two processes {cpu(BARE_TWO):.0f} µs ({cpu(BARE_TWO) / cpu(bare):.2f}× its one process's)",
         "- SSE time to first byte, median of 200 (new connection each; the systems' samples taken in turn), warm "
         f"(right after {WARM_REQUESTS} requests through the same system, as on a gateway carrying steady traffic), "
