@@ -18,7 +18,7 @@ from typing import Any, NoReturn
 from urllib.parse import quote
 
 from sqlalchemy import URL, Connection, event, inspect, text
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import ExceptionContext, make_url
 from sqlalchemy.exc import IntegrityError, InterfaceError, OperationalError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
 from sqlalchemy.pool import ConnectionPoolEntry, NullPool, PoolResetState
@@ -100,14 +100,13 @@ class Database:
                 parsed,
                 connect_args={**bounds, **(connect_args or {})},
                 pool_pre_ping=not self.is_sqlite,
-                # An error names its statement without the values bound to it (ciphertexts, token hashes, a panel
-                # session's CSRF token): errors are logged with their text.
-                hide_parameters=True,
+                hide_parameters=True,  # see _keep_values_out_of_errors
                 **engine_options,
             )
         except ModuleNotFoundError as missing:
             raise StartupError(_missing_driver(parsed, missing.name)) from None
         engine = self.engine.sync_engine
+        _keep_values_out_of_errors(engine)
         if self.is_sqlite:
             _configure_sqlite(engine)
         event.listen(engine, "connect", self._on_connect)
@@ -206,6 +205,7 @@ class Database:
             poolclass=NullPool,
             hide_parameters=True,  # as the engine's
         )
+        _keep_values_out_of_errors(engine.sync_engine)
         try:
             yield engine
         finally:
@@ -393,6 +393,18 @@ def _revisions(connection: Connection) -> list[str]:
 
 def _null(_value: None) -> None:
     return None
+
+
+def _keep_values_out_of_errors(engine: Any) -> None:
+    """A failed statement's error names neither the values bound to it (hide_parameters, given to the engine) nor
+    a stored row: PostgreSQL's DETAIL quotes the failing row or key (`Failing row contains (…)`), and asyncpg's
+    error, the cause of SQLAlchemy's, prints it. Errors are logged with their causes; the DETAIL is dropped."""
+
+    @event.listens_for(engine, "handle_error")
+    def _drop_detail(context: ExceptionContext) -> None:
+        cause = context.original_exception.__cause__
+        if getattr(cause, "detail", None):
+            cause.detail = None  # type: ignore[union-attr]
 
 
 def _configure_sqlite(engine: Any) -> None:
