@@ -1,7 +1,9 @@
 """The HTTP server around the gateway: the sockets it listens on, what a spawned worker runs before it, and how
 long idle connections live."""
 
+import errno
 import inspect
+import logging
 import multiprocessing
 import os
 import re
@@ -15,7 +17,14 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from credgate.config import Settings
 from credgate.errors import StartupError
-from credgate.server import KEEP_ALIVE_SECONDS, _main_not_rerun_in_workers, bind_listeners, listen, server_config
+from credgate.server import (
+    KEEP_ALIVE_SECONDS,
+    _main_not_rerun_in_workers,
+    bind_listeners,
+    listen,
+    pin_worker,
+    server_config,
+)
 from tests.e2e.conftest import free_port
 
 SHIPPED_NGINX_CONF = Path(__file__).parents[1] / "docs" / "deploy" / "nginx.conf"
@@ -99,3 +108,18 @@ def test_uvicorn_still_reads_a_header_as_the_gateways_protocol_repeats_it() -> N
         "            self.expect_100_continue = True\n"
         "        self.headers.append((name, value))\n"
     )
+
+
+@LINUX_ONLY
+def test_a_worker_that_may_not_use_its_core_runs_unpinned_with_a_warning(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Its cpuset shrank since the gateway started: failing the worker would have it replaced, and fail, for ever.
+    def refused(_thread: int, _cores: object) -> None:
+        raise OSError(errno.EINVAL, "Invalid argument")
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: {2, 5})
+    monkeypatch.setattr(os, "sched_setaffinity", refused)
+    with caplog.at_level(logging.WARNING, "credgate.server"):
+        pin_worker(3)
+    assert caplog.messages == ["worker 3 is not pinned to core 5: Invalid argument"]

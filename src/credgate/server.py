@@ -475,20 +475,27 @@ def listen(listeners: list[socket.socket]) -> None:
         listener.listen(BACKLOG)
 
 
-def worker_cores(settings: Settings) -> list[int] | None:
-    """The cores the workers are pinned to in turn (CREDGATE_PIN_WORKERS): the CPUs this process may use; None
-    when they are not pinned. Worker i runs on core `i % len(cores)`, a replacement on its predecessor's."""
-    if not settings.pin_workers:
-        return None
-    if not hasattr(os, "sched_setaffinity"):
+def check_pinning(settings: Settings) -> None:
+    """Refuse CREDGATE_PIN_WORKERS, before anything starts, where processes cannot be pinned to cores."""
+    if settings.pin_workers and not hasattr(os, "sched_setaffinity"):
         raise StartupError("CREDGATE_PIN_WORKERS needs a system that pins processes to cores (Linux)")
-    return sorted(os.sched_getaffinity(0))
 
 
-def pin_to_core(core: int) -> None:
-    """This process on `core` only, the threads it starts from now on with it. A worker's event loop and its
-    database thread then share one core's caches, and hand the GIL to each other there."""
-    os.sched_setaffinity(0, {core})
+def pin_worker(index: int) -> None:
+    """Worker `index` (CREDGATE_PIN_WORKERS), every thread of it, on one core: the CPUs this process may use taken
+    in turn (with more workers than CPUs, some share one). Its event loop and its database thread then share that
+    core's caches and hand the GIL to each other there. A core it may not use (its cpuset shrank since) leaves it
+    unpinned, with a warning: a worker that failed to start would be replaced, and fail, for ever."""
+    cores = sorted(os.sched_getaffinity(0))
+    core = cores[index % len(cores)]
+    for thread in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(thread), {core})
+        except ProcessLookupError:  # a thread that ended meanwhile
+            continue
+        except OSError as error:
+            logger.warning("worker %d is not pinned to core %d: %s", index, core, error.strerror or error)
+            return
 
 
 def run_workers(settings: Settings, build: GatewayFactory, listeners: Listeners, *, database_id: str) -> None:
@@ -496,7 +503,7 @@ def run_workers(settings: Settings, build: GatewayFactory, listeners: Listeners,
     checked and migrated database `database_id`. A worker that dies is replaced; SIGTERM or SIGINT drains every
     worker and returns. StartupError when a worker could not start (the supervisor then stops them all)."""
     config = WorkerConfig(settings, build, database_id)
-    supervisor = _Supervisor(config, listeners, worker_cores(settings))
+    supervisor = _Supervisor(config, listeners)
     # The workers' metrics, summed by whichever worker answers /metrics: a folder of this run's own.
     metrics_dir = None
     if metrics.MULTIPROCESS_DIR not in os.environ:
@@ -580,8 +587,9 @@ class WorkerConfig(uvicorn.Config):
     """A worker's uvicorn configuration. The supervisor pickles it into every worker it spawns: what crosses is
     only what rebuilds it there, since neither the protocol class (made at run time) nor the app pickles."""
 
-    def __init__(self, settings: Settings, build: GatewayFactory, database_id: str, core: int | None = None) -> None:
-        self.recipe = (settings, build, database_id, core)
+    def __init__(self, settings: Settings, build: GatewayFactory, database_id: str, index: int | None = None) -> None:
+        self.settings = settings
+        self.recipe = (settings, build, database_id, index)
         super().__init__(
             WorkerApp(settings, build, database_id),
             **_options(settings),
@@ -590,25 +598,25 @@ class WorkerConfig(uvicorn.Config):
             timeout_worker_healthcheck=WORKER_HEALTHCHECK_SECONDS,
         )
 
-    def on_core(self, core: int) -> "WorkerConfig":
-        """The configuration of a worker that pins itself to `core` as it starts."""
+    def of_worker(self, index: int) -> "WorkerConfig":
+        """The configuration of worker `index`, which pins itself to its core as it starts."""
         settings, build, database_id, _ = self.recipe
-        return WorkerConfig(settings, build, database_id, core)
+        return WorkerConfig(settings, build, database_id, index)
 
     def __reduce__(self) -> tuple[Callable[..., "WorkerConfig"], tuple[Settings, GatewayFactory, str, int | None]]:
         return _worker_process_config, self.recipe
 
 
 def _worker_process_config(
-    settings: Settings, build: GatewayFactory, database_id: str, core: int | None
+    settings: Settings, build: GatewayFactory, database_id: str, index: int | None
 ) -> WorkerConfig:
     """Run when a new worker process unpickles its configuration, before it starts a thread: set the process up
     as `credgate serve` does."""
-    if core is not None:
-        pin_to_core(core)
     configure_logging(settings)
+    if index is not None:
+        pin_worker(index)
     exit_zero_on_sigterm()
-    return WorkerConfig(settings, build, database_id, core)
+    return WorkerConfig(settings, build, database_id, index)
 
 
 class _Supervisor(Multiprocess):
@@ -616,12 +624,11 @@ class _Supervisor(Multiprocess):
     the connections that came meanwhile wait), the listeners closed when the workers are told to stop, and its
     wait for them bounded by the drain (it waits for ever). The number of workers is the one it started with."""
 
-    def __init__(self, config: WorkerConfig, listeners: Listeners, cores: list[int] | None) -> None:
+    def __init__(self, config: WorkerConfig, listeners: Listeners) -> None:
         super().__init__(config, sockets=listeners.all())
         self.listeners = listeners
-        self.configs = [
-            config if cores is None else config.on_core(cores[i % len(cores)]) for i in range(config.workers)
-        ]
+        pinned = config.settings.pin_workers
+        self.configs = [config.of_worker(index) if pinned else config for index in range(config.workers)]
 
     def _started(self, index: int) -> Process:
         process = Process(self.configs[index], self.listeners.of_worker(index))

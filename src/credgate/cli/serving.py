@@ -40,12 +40,12 @@ def serve(settings: Settings, host: str | None, port: int | None, workers: int |
     from credgate.app import create_app
     from credgate.server import (
         bind_listeners,
+        check_pinning,
         configure_logging,
         exit_zero_on_sigterm,
-        pin_to_core,
+        pin_worker,
         run_workers,
         server_config,
-        worker_cores,
     )
     from credgate.tracing import tracing_requested
 
@@ -73,11 +73,12 @@ def serve(settings: Settings, host: str | None, port: int | None, workers: int |
 
     try:
         tracing_requested()  # the OTEL_* variables checked before anything starts (each worker opens its tracing)
+        check_pinning(settings)
         listeners = bind_listeners(settings)  # a port in use fails the start before anything else
         try:
             if settings.workers == 1:
-                if cores := worker_cores(settings):
-                    pin_to_core(cores[0])
+                if settings.pin_workers:
+                    pin_worker(0)
                 _run_loop(run_server(listeners.all()))
             else:
                 database_id = asyncio.run(prepare_workers(listeners.all()))
