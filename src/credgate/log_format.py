@@ -16,22 +16,19 @@ from typing import Any, TextIO
 
 TEXT_FORMAT = "%(asctime)s [%(process)d] %(levelname)s %(name)s: %(message)s"
 ACCESS_LOGGER = "credgate.access"
-# Held at INFO or above whatever the level: at DEBUG, aiosqlite writes two lines for each database call, the call's
-# SQL and bound values in each (user names, end users' ids), tens for a page of the panel, drowning credgate's own.
-_CHATTY_LOGGERS = ("aiosqlite",)
-# Held at WARNING: Alembic names each of its plugins as it sets it up, seven lines before the first migration.
-_NOISY_LOGGERS = ("alembic.runtime.plugins",)
+# Each held at its level or above whatever the process's. aiosqlite at INFO: at DEBUG it writes two lines for each
+# database call, the call's SQL and bound values in each (user names, end users' ids), tens for a page of the panel,
+# drowning credgate's own. Alembic's plugins at WARNING: it names each as it sets it up, seven lines before the first
+# migration.
+_CHATTY_LOGGERS = {"aiosqlite": logging.INFO, "alembic.runtime.plugins": logging.WARNING}
 # The request a line is written for, set per request by the app (in JSON only: text lines name it themselves).
 request_id: contextvars.ContextVar[str | None] = contextvars.ContextVar("credgate_request_id", default=None)
 
 
 def quiet_chatty_loggers(level: int) -> None:
-    """Raise the loggers that log every database call to INFO, and Alembic's plugins to WARNING, when `level` (the
-    process's) is below."""
-    for name in _CHATTY_LOGGERS:
-        logging.getLogger(name).setLevel(max(level, logging.INFO))
-    for name in _NOISY_LOGGERS:
-        logging.getLogger(name).setLevel(max(level, logging.WARNING))
+    """Raise the chatty loggers to their level, where `level` (the process's) is below it."""
+    for name, least in _CHATTY_LOGGERS.items():
+        logging.getLogger(name).setLevel(max(level, least))
 
 
 class LineFormatter(logging.Formatter):
