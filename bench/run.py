@@ -5,14 +5,15 @@
 The same POST chat/completions, answered by the same stand-in upstream, through: the upstream direct, the bare
 reference proxy (bench/bare_proxy.py: what any Python proxy must do, and nothing more), in one process and in two,
 the bare proxy with credgate's per-request features in their plainest form (bench/floor_proxy.py: what those cost
-any Python proxy), in one process and in two, credgate with one worker and credgate with two; then what features
-cost: one worker without its access log (and without its metrics too), one without its request log, one with traces
-exported, and (when a Redis answers on 127.0.0.1:6379) one worker serving a rate-limited project whose count is kept
-in Redis, one serving a project with three budgets counted in Redis, and one with a cap on requests under way
-counted there; and one worker called with a client token, and minting client tokens. The one-process proxies and the
-one-worker gateways are pinned to core 0, the upstream stand-in and wrk to core 1; the two-process ones have both
-cores, which they share with them. While one system has the load, the one-process systems pinned to its cores are
-stopped (`alone`), and each gateway has a copy of the data dir of its own.
+any Python proxy), in one process and in two, credgate with one worker and credgate with two (free, and each pinned
+to a core by CREDGATE_PIN_WORKERS); then what features cost: one worker without its access log (and without its
+metrics too), one without its request log, one with traces exported, and (when a Redis answers on 127.0.0.1:6379)
+one worker serving a rate-limited project whose count is kept in Redis, one serving a project with three budgets
+counted in Redis, and one with a cap on requests under way counted there; and one worker called with a client token,
+and minting client tokens. The one-process proxies and the one-worker gateways are pinned to core 0, the upstream
+stand-in and wrk to core 1; the two-process ones have both cores, which they share with them. While one system has
+the load, the one-process systems pinned to its cores are stopped (`alone`), and each gateway has a copy of the data
+dir of its own.
 Each runs at 64 connections and at 1. Prints ratios (credgate to bare, two workers to one), the latency added at one
 connection, the SSE time to first byte added, the peak RSS of every worker, and the CPU time a request costs each system
 (its serving processes' user and system time over a run, divided by its requests: steadier than requests/s here), and
@@ -369,7 +370,7 @@ def main() -> None:
             sse,
         ),
         System(TWO, [*serve, str(two_port), "--workers", "2"], two_port, chat, sse, env),
-        # Each worker on a core of its own, as the one worker above is on its own (CREDGATE_PIN_WORKERS).
+        # Each worker pinned to a core (CREDGATE_PIN_WORKERS), as the one worker above is to its core by taskset.
         System(
             TWO_PINNED,
             [*serve, str(pinned_port), "--workers", "2"],
