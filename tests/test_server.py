@@ -122,4 +122,4 @@ def test_a_worker_that_may_not_use_its_core_runs_unpinned_with_a_warning(
     monkeypatch.setattr(os, "sched_setaffinity", refused)
     with caplog.at_level(logging.WARNING, "credgate.server"):
         pin_worker(3)
-    assert caplog.messages == ["worker 3 is not pinned to core 5: Invalid argument"]
+    assert caplog.messages == ["worker 3 could not pin itself to core 5: Invalid argument"]

@@ -484,8 +484,8 @@ def check_pinning(settings: Settings) -> None:
 def pin_worker(index: int) -> None:
     """Worker `index` (CREDGATE_PIN_WORKERS), every thread of it, on one core: the CPUs this process may use taken
     in turn (with more workers than CPUs, some share one). Its event loop and its database thread then share that
-    core's caches and hand the GIL to each other there. A core it may not use (its cpuset shrank since) leaves it
-    unpinned, with a warning: a worker that failed to start would be replaced, and fail, for ever."""
+    core's caches and hand the GIL to each other there. A failure (the cpuset changed under it) leaves it serving,
+    with a warning: a worker that failed to start would be replaced, and fail, for ever."""
     cores = sorted(os.sched_getaffinity(0))
     core = cores[index % len(cores)]
     for thread in os.listdir("/proc/self/task"):
@@ -494,7 +494,7 @@ def pin_worker(index: int) -> None:
         except ProcessLookupError:  # a thread that ended meanwhile
             continue
         except OSError as error:
-            logger.warning("worker %d is not pinned to core %d: %s", index, core, error.strerror or error)
+            logger.warning("worker %d could not pin itself to core %d: %s", index, core, error.strerror or error)
             return
 
 

@@ -219,6 +219,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 provider = TracerProvider()
 provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter()))
 trace.set_tracer_provider(provider)
+print("a process-wide tracer provider is set", flush=True)
 """
 
 
@@ -243,6 +244,7 @@ async def test_the_admin_plane_sends_no_span_even_under_a_process_wide_tracer(
         spans = await collector.wait_for(1)  # the proxy's, after the others: those would have gone out as they ended
     finally:
         stop_gateway(process, gateway)
+    assert "a process-wide tracer provider is set" in gateway.log.read_text()  # the sitecustomize ran
     assert [span.attributes["url.path"] for span in spans] == ["/proxy/openai/models"]
     exported = b"".join(collector.raw)
     SWEEP.capture("otlp export", exported.decode("latin-1"))

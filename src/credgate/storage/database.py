@@ -396,15 +396,16 @@ def _null(_value: None) -> None:
 
 
 def _keep_values_out_of_errors(engine: Any) -> None:
-    """A failed statement's error names neither the values bound to it (hide_parameters, given to the engine) nor
+    """A failed statement's error lists neither the values bound to it (hide_parameters, given to the engine) nor
     a stored row: PostgreSQL's DETAIL quotes the failing row or key (`Failing row contains (…)`), and asyncpg's
-    error, the cause of SQLAlchemy's, prints it. Errors are logged with their causes; the DETAIL is dropped."""
+    error, the cause of SQLAlchemy's, prints it. Errors are logged with their causes; the DETAIL is dropped from
+    both errors that hold it."""
 
     @event.listens_for(engine, "handle_error")
     def _drop_detail(context: ExceptionContext) -> None:
-        cause = context.original_exception.__cause__
-        if getattr(cause, "detail", None):
-            cause.detail = None  # type: ignore[union-attr]
+        for error in (context.original_exception, context.original_exception.__cause__):
+            if getattr(error, "detail", None):
+                error.detail = None  # type: ignore[union-attr]
 
 
 def _configure_sqlite(engine: Any) -> None:
