@@ -180,10 +180,15 @@ async def test_pinned_workers_each_run_on_a_core_of_their_own_and_a_replacement_
         os.kill(killed, signal.SIGKILL)
         (replacement,) = await running.wait_for_workers(1, besides=workers)
         replaced_on = cores_of(replacement)
+        running.process.send_signal(signal.SIGHUP)  # every worker replaced, one at a time
+        reloaded = await running.wait_for_workers(WORKERS, besides=workers | {replacement})
+        reloaded_on = [cores_of(worker) for worker in reloaded]
     finally:
         stop(running)
-    assert sorted(core_of.values(), key=min) == [{cores[index % len(cores)]} for index in range(WORKERS)]
+    each_on_its_core = [{cores[index % len(cores)]} for index in range(WORKERS)]
+    assert sorted(core_of.values(), key=min) == each_on_its_core
     assert replaced_on == {cores[1]}
+    assert sorted(reloaded_on, key=min) == each_on_its_core
     assert parent == set(cores)  # the supervisor, which serves nothing, stays free
 
 
