@@ -13,8 +13,6 @@ any order) share it, since the same calls are allowed to them.
 import functools
 import ssl
 from collections import OrderedDict
-from collections.abc import Callable
-from typing import Generic, TypeVar
 
 from yarl import URL
 
@@ -26,40 +24,6 @@ from credgate.proxy.http_client import Connections
 MAX_EXCEPTION_POOLS = 64
 OWN_CALLS_LIMIT = 100  # connections open at once for the gateway's own calls
 _MAX_REMEMBERED_URLS = 10_000
-_Opened = TypeVar("_Opened")
-
-
-class _MostRecent(Generic[_Opened]):
-    """What is open for each list of exceptions, for the `size` lists used last: a new one pushes the least recently
-    used out, to `retire`."""
-
-    def __init__(
-        self,
-        size: int,
-        open_for: Callable[[PrivateNetworks], _Opened],
-        retire: Callable[[_Opened], None],
-    ) -> None:
-        self._size, self._open_for, self._retire = size, open_for, retire
-        self._opened: OrderedDict[PrivateNetworks, _Opened] = OrderedDict()  # oldest use first
-
-    def __len__(self) -> int:
-        return len(self._opened)
-
-    def get(self, exceptions: PrivateNetworks) -> _Opened:
-        opened = self._opened.get(exceptions)
-        if opened is not None:
-            self._opened.move_to_end(exceptions)
-            return opened
-        opened = self._opened[exceptions] = self._open_for(exceptions)
-        while len(self._opened) > self._size:
-            self._retire(self._opened.popitem(last=False)[1])
-        return opened
-
-    def take_all(self) -> list[_Opened]:
-        """Everything open, forgotten here (to be closed by the caller)."""
-        opened = list(self._opened.values())
-        self._opened.clear()
-        return opened
 
 
 @functools.cache
@@ -90,9 +54,11 @@ class Upstreams:
         self._allow_private = allow_private
         self._ports = ports
         self._max_connections = max_connections
+        self._max_pools = max_pools
         self.connections = Connections(self._public_resolver(), tls=tls_context(), limit=max_connections)
         self.own_calls = Connections(self._public_resolver(), tls=tls_context(), limit=OWN_CALLS_LIMIT)
-        self._pools = _MostRecent(max_pools, self._open_pool, Connections.retire)
+        # A pool for each of the `max_pools` lists of exceptions used last, the oldest use first.
+        self._pools: OrderedDict[PrivateNetworks, Connections] = OrderedDict()
         self._refused: dict[tuple[str, PrivateNetworks], bool] = {}
         self._refused_ports: dict[str, int | None] = {}
 
@@ -102,26 +68,34 @@ class Upstreams:
         return len(self._pools)
 
     def connections_for(self, exceptions: PrivateNetworks) -> Connections:
-        """The pool for an integration with these exceptions: the shared public-only one when it has none (or when
-        CREDGATE_ALLOW_PRIVATE_UPSTREAMS leaves nothing to except), else the list's own. A pool that falls out of
-        the most recent ones is retired: it closes its connections as their responses end."""
-        if self._allow_private or not exceptions:
-            return self.connections
-        return self._pools.get(exceptions)
+        """The pool for the proxied calls of an integration with these exceptions (see `_pool_for`)."""
+        return self._pool_for(exceptions, shared=self.connections)
 
     def own_calls_for(self, exceptions: PrivateNetworks) -> Connections:
         """The pool for a call of the gateway's own on an integration's behalf (an OAuth token): the shared one of
         such calls when the integration has no exceptions, else its list's pool (which only that list's resolver
         may dial through)."""
+        return self._pool_for(exceptions, shared=self.own_calls)
+
+    def _pool_for(self, exceptions: PrivateNetworks, *, shared: Connections) -> Connections:
+        """`shared`, public-only, when the integration has no exceptions (or CREDGATE_ALLOW_PRIVATE_UPSTREAMS leaves
+        nothing to except); else the list's own pool. A pool that falls out of the most recent ones is retired: it
+        closes its connections as their responses end."""
         if self._allow_private or not exceptions:
-            return self.own_calls
-        return self._pools.get(exceptions)
+            return shared
+        pool = self._pools.get(exceptions)
+        if pool is not None:
+            self._pools.move_to_end(exceptions)
+            return pool
+        pool = self._pools[exceptions] = Connections(
+            PrivateNetworksResolver(exceptions), tls=tls_context(), limit=self._max_connections
+        )
+        while len(self._pools) > self._max_pools:
+            self._pools.popitem(last=False)[1].retire()
+        return pool
 
     def _public_resolver(self) -> Resolver:
         return SystemResolver() if self._allow_private else PublicOnlyResolver()
-
-    def _open_pool(self, exceptions: PrivateNetworks) -> Connections:
-        return Connections(PrivateNetworksResolver(exceptions), tls=tls_context(), limit=self._max_connections)
 
     def refuses(self, url: str, exceptions: PrivateNetworks) -> bool:
         """Whether a base or token URL is refused by its host's spelling alone, before any connection (no resolver
@@ -151,5 +125,7 @@ class Upstreams:
 
     async def close(self) -> None:
         """Close every pool (what is streaming is cut)."""
-        for pool in [self.connections, self.own_calls, *self._pools.take_all()]:
+        pools = [self.connections, self.own_calls, *self._pools.values()]
+        self._pools.clear()
+        for pool in pools:
             await pool.close()
